@@ -1,0 +1,197 @@
+"""Fast CPU kernel: work proportional to the minority side of each row.
+
+Real grammar rows are bimodal: a row allows either a handful of tokens (a structural position) or
+nearly all of them (inside a string). Each row is planned from its exact count of allowed bits:
+
+- *patch* (few forbidden tokens): skip all-allowed words, unpack only the other words and write
+  -inf at the forbidden columns;
+- *restore* (few allowed tokens): read the allowed logits, fill the whole row with -inf, write
+  them back;
+- *dense* (neither side is small): unpack the whole row and ``masked_fill_`` it.
+
+Index arithmetic runs in numpy (cheap on small arrays); the writes go through an integer view of
+the logits, so allowed entries are copied bit for bit (NaN payloads included) and masked entries
+get the exact -inf bit pattern of the dtype. Rows with a ``d2t`` remapping use the reference
+formulation (:mod:`._torch`), whose cost is proportional to ``B * C``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from guidedec.bitmask.kernels import _torch
+from guidedec.bitmask.layout import ALL_ALLOWED_WORD, BITS_PER_WORD
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+WordArray = npt.NDArray[np.int32]
+
+# A row is sparse when its minority side (allowed or forbidden columns) is at most 1/32 of the
+# columns: one sparse bit costs ~15-50 ns, one dense column ~1-2 ns (measured, V = 129,280).
+_SPARSE_DIVISOR = 32
+_NO_BITS = 0
+_ALL_BITS_BYTE = 0xFF
+_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+_POPCOUNT_BYTE = np.array([bin(value).count("1") for value in range(256)], dtype=np.int64)
+
+
+def apply_bitmask_inplace(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    token_mask: torch.Tensor | None,
+    d2t: torch.Tensor | None,
+) -> None:
+    """Set every logit whose token the bitmask forbids to -inf, in place (see the package docs)."""
+    if d2t is not None:
+        _torch.apply_bitmask_inplace(logits, bitmask, token_mask, d2t)
+        return
+    active = _active_rows(token_mask, logits.shape[0])
+    if not active.any():
+        return
+    int_logits, neg_inf = _int_view(logits)
+    num_columns = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
+    words = _covered_words(bitmask, num_columns)
+    _mask_uncovered_columns(int_logits, active, num_columns, neg_inf)
+    plan = plan_rows(words, num_columns, active)
+    _patch_rows(int_logits, words, plan.patch, num_columns, neg_inf)
+    _restore_rows(int_logits, words, plan.restore, num_columns, neg_inf)
+    _dense_rows(int_logits, words, plan.dense, num_columns, neg_inf)
+
+
+@dataclass(slots=True)
+class RowPlan:
+    """Disjoint ``[B]`` bool selections of the rows each strategy handles.
+
+    Active rows that allow every covered column are in none of them.
+    """
+
+    patch: BoolArray
+    restore: BoolArray
+    dense: BoolArray
+
+
+def plan_rows(words: WordArray, num_columns: int, active: BoolArray) -> RowPlan:
+    """Pick the cheapest strategy per active row from its exact allowed-bit count.
+
+    A row is sparse when its minority side is at most ``num_columns / 32`` columns: it is
+    restored when fewer columns are allowed than forbidden, patched otherwise (unless nothing
+    is forbidden). Every other active row is dense.
+    """
+    allowed = _count_allowed_bits(words, num_columns)
+    forbidden = num_columns - allowed
+    sparse = active & (np.minimum(allowed, forbidden) * _SPARSE_DIVISOR <= num_columns)
+    restore = sparse & (allowed < forbidden)
+    return RowPlan(
+        patch=sparse & ~restore & (forbidden > 0), restore=restore, dense=active & ~sparse
+    )
+
+
+def _active_rows(token_mask: torch.Tensor | None, num_rows: int) -> BoolArray:
+    if token_mask is None:
+        return np.ones(num_rows, dtype=np.bool_)
+    return np.asarray(token_mask.numpy() != 0, dtype=np.bool_)
+
+
+def _int_view(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Same-size integer view of ``logits`` (same strides) and the bit pattern of -inf in it."""
+    int_dtype = _INT_VIEW[logits.dtype]
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype).view(int_dtype)
+    return logits.view(int_dtype), int(neg_inf.item())
+
+
+def _covered_words(bitmask: torch.Tensor, num_columns: int) -> WordArray:
+    """``[B, ceil(num_columns / 32)]`` C-contiguous little-endian words covering the columns."""
+    num_words = -(-num_columns // BITS_PER_WORD)
+    words = bitmask.numpy()[:, :num_words]
+    return np.ascontiguousarray(words, dtype=np.dtype("<i4"))
+
+
+def _mask_uncovered_columns(
+    int_logits: torch.Tensor, active: BoolArray, num_columns: int, neg_inf: int
+) -> None:
+    """Columns at or past ``32 * W`` have no bit: they are always masked."""
+    if int_logits.shape[1] > num_columns:
+        rows = torch.from_numpy(np.flatnonzero(active))
+        int_logits[:, num_columns:].index_fill_(0, rows, neg_inf)
+
+
+def _popcount(words: WordArray) -> npt.NDArray[np.integer[Any]]:
+    """Number of set bits of each int32 word (two's complement, so -1 has 32)."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0; counts |x| for signed ints, so go unsigned
+        return np.bitwise_count(words.view(np.uint32))
+    as_bytes = np.ascontiguousarray(words, dtype=np.dtype("<i4")).view(np.uint8)
+    return _POPCOUNT_BYTE[as_bytes].reshape(*words.shape, 4).sum(axis=-1)
+
+
+def _count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
+    """Allowed columns per row: set bits below ``num_columns`` (padding bits do not count)."""
+    counts: IntArray = _popcount(words).sum(axis=1, dtype=np.int64)
+    tail_bits = num_columns % BITS_PER_WORD
+    if tail_bits:
+        padding = np.int32(~((1 << tail_bits) - 1))
+        counts -= _popcount(words[:, -1] & padding)
+    return counts
+
+
+def _bit_positions(
+    words: WordArray, rows: BoolArray, *, allowed: bool, num_columns: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) int64 tensors of the allowed (or forbidden) columns of the selected rows.
+
+    Only words that hold at least one wanted bit are unpacked, and within them only such bytes.
+    """
+    skip_word = _NO_BITS if allowed else ALL_ALLOWED_WORD
+    skip_byte = _NO_BITS if allowed else _ALL_BITS_BYTE
+    flat_words = np.flatnonzero((words != skip_word) & rows[:, None])
+    word_bytes = words.reshape(-1)[flat_words].view(np.uint8)  # 4 bytes per word, LSB first
+    kept_bytes = np.flatnonzero(word_bytes != skip_byte)
+    bits = np.unpackbits(word_bytes[kept_bytes], bitorder="little")
+    hits = np.flatnonzero(bits if allowed else bits == 0)
+    byte_index = kept_bytes[hits >> 3]  # 8 bits per byte, 4 bytes per word, 32 bits per word
+    flat_bits = (flat_words[byte_index >> 2] << 5) | ((byte_index & 3) << 3) | (hits & 7)
+    row_index, columns = np.divmod(flat_bits, words.shape[1] * BITS_PER_WORD)
+    if num_columns % BITS_PER_WORD:
+        inside = columns < num_columns
+        row_index, columns = row_index[inside], columns[inside]
+    return torch.from_numpy(row_index), torch.from_numpy(columns)
+
+
+def _patch_rows(
+    int_logits: torch.Tensor, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
+) -> None:
+    """Write -inf at the few forbidden columns of each selected row."""
+    if not rows.any():
+        return
+    index = _bit_positions(words, rows, allowed=False, num_columns=num_columns)
+    int_logits.index_put_(index, torch.tensor(neg_inf, dtype=int_logits.dtype))
+
+
+def _restore_rows(
+    int_logits: torch.Tensor, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
+) -> None:
+    """Fill each selected row with -inf, keeping its few allowed logits."""
+    if not rows.any():
+        return
+    index = _bit_positions(words, rows, allowed=True, num_columns=num_columns)
+    kept = int_logits[index]
+    for row in np.flatnonzero(rows).tolist():
+        int_logits[row].fill_(neg_inf)
+    int_logits.index_put_(index, kept)
+
+
+def _dense_rows(
+    int_logits: torch.Tensor, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
+) -> None:
+    """Unpack every bit of each selected row and mask it with ``masked_fill_``."""
+    row_ids = np.flatnonzero(rows)
+    if row_ids.size == 0:
+        return
+    bits = np.unpackbits(words[row_ids].view(np.uint8), axis=1, bitorder="little")
+    forbidden = torch.from_numpy(bits[:, :num_columns] == 0)
+    for position, row in enumerate(row_ids.tolist()):
+        int_logits[row, :num_columns].masked_fill_(forbidden[position], neg_inf)

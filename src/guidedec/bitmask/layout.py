@@ -1,0 +1,61 @@
+"""The token bitmask layout: one place for every fact about it.
+
+A bitmask row covers a (padded) vocabulary of ``V`` tokens with ``ceil(V / 32)`` int32 words.
+Token ``t`` is bit ``t % 32`` (least significant bit first) of word ``t // 32``; a set bit means
+the token is **allowed**. Bits at or past ``V`` in the last word are padding: nothing reads them,
+and backends are not required to clear them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BITS_PER_WORD = 32
+BITMASK_DTYPE = torch.int32
+ALL_ALLOWED_WORD = -1  # int32 with every bit set
+
+
+def bitmask_size(vocab_size: int) -> int:
+    """Number of int32 words in one bitmask row for ``vocab_size`` tokens: ``ceil(V / 32)``."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
+
+
+def allocate_bitmask(
+    rows: int,
+    vocab_size: int,
+    *,
+    device: str | torch.device = "cpu",
+    pin_memory: bool = False,
+) -> torch.Tensor:
+    """Allocate a ``[rows, ceil(vocab_size / 32)]`` int32 bitmask with every token allowed.
+
+    ``pin_memory`` pins a host buffer so that host-to-device copies can be asynchronous; it is
+    ignored (with the buffer left pageable) where no accelerator is present.
+    """
+    if rows < 0:
+        raise ValueError(f"rows must be non-negative, got {rows}")
+    pin = pin_memory and torch.device(device).type == "cpu" and torch.cuda.is_available()
+    return torch.full(
+        (rows, bitmask_size(vocab_size)),
+        ALL_ALLOWED_WORD,
+        dtype=BITMASK_DTYPE,
+        device=device,
+        pin_memory=pin,
+    )
+
+
+def row_has_valid_token(row: torch.Tensor, vocab_size: int) -> bool:
+    """Whether a filled bitmask row allows at least one token below ``vocab_size``.
+
+    A row with no allowed token is a grammar dead end: applying it would set the whole logits row
+    to -inf and softmax would return NaN. Only bits below ``vocab_size`` count; padding bits of the
+    last word are ignored, exactly as the apply kernels ignore them.
+    """
+    num_full_words, num_tail_bits = divmod(vocab_size, BITS_PER_WORD)
+    if bool(row[:num_full_words].any()):
+        return True
+    if num_tail_bits == 0:
+        return False
+    return bool(int(row[num_full_words]) & ((1 << num_tail_bits) - 1))

@@ -1,0 +1,151 @@
+"""GuidedRequest: the per-step snapshot of a scheduled request that guided decoding reads.
+
+The engine (scheduler) builds one per scheduled request and hands the batch to
+``GuidedDecoder.add_batch``; the decoder never reads the engine's own request objects, so a
+snapshot stays valid even when the engine has already moved the request on (as it must for CUDA
+graphs, where host functions run later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from guidedec.grammar.params import GuidedDecodingParams
+
+
+@dataclass(slots=True)
+class GuidedRequest:
+    """One scheduled request, as guided decoding sees it in this step.
+
+    Attributes:
+        guided_decoding_params: The request's guide, or None for an unguided request.
+        request_id: The engine's id, used to report failures.
+        seq_slot: The sequence slot that holds the request's grammar state. For a draft request
+            this is the slot of its target request (both share one matcher).
+        prev_seq_slot: The request's position in the previous step's batch (read by host
+            functions under CUDA graphs); None when not needed.
+        is_context_init_state: The request is in its context (prefill) phase.
+        is_last_context_chunk: This step processes the last chunk of its prompt.
+        is_generation_in_progress_state: The request is generating.
+        is_generation_only_first_iteration: A generation-only request (prefill done by another
+            engine) in its first step here.
+        new_token: The token sampled in the previous step (generation phase).
+        is_draft: The request belongs to a drafting loop (speculative decoding).
+        draft_tokens: Draft tokens proposed for verification in this step.
+        num_accepted_draft_tokens: Draft tokens the target accepted in the previous step.
+    """
+
+    guided_decoding_params: GuidedDecodingParams | None
+    request_id: int
+    seq_slot: int
+    prev_seq_slot: int | None = None
+    is_context_init_state: bool = False
+    is_last_context_chunk: bool = False
+    is_generation_in_progress_state: bool = False
+    is_generation_only_first_iteration: bool = False
+    new_token: int | None = None
+    is_draft: bool = False
+    draft_tokens: tuple[int, ...] = ()
+    num_accepted_draft_tokens: int = 0
+
+    @classmethod
+    def context(
+        cls,
+        params: GuidedDecodingParams | None,
+        *,
+        request_id: int,
+        seq_slot: int,
+        is_last_context_chunk: bool = True,
+    ) -> GuidedRequest:
+        """A request in its prefill phase (by default its last prompt chunk)."""
+        return cls(
+            params,
+            request_id,
+            seq_slot,
+            is_context_init_state=True,
+            is_last_context_chunk=is_last_context_chunk,
+        )
+
+    @classmethod
+    def generation(
+        cls,
+        params: GuidedDecodingParams | None,
+        *,
+        request_id: int,
+        seq_slot: int,
+        new_token: int,
+        draft_tokens: Sequence[int] = (),
+        num_accepted_draft_tokens: int = 0,
+    ) -> GuidedRequest:
+        """A generating request whose previous step sampled ``new_token``."""
+        return cls(
+            params,
+            request_id,
+            seq_slot,
+            is_generation_in_progress_state=True,
+            new_token=new_token,
+            draft_tokens=tuple(draft_tokens),
+            num_accepted_draft_tokens=num_accepted_draft_tokens,
+        )
+
+    def require_matcher_init(self) -> bool:
+        """Whether this step creates the matcher: at the last prompt chunk of a target request,
+        or at the first step of a generation-only request."""
+        if self.guided_decoding_params is None or self.is_draft:
+            return False
+        if self.is_generation_only_first_iteration:
+            return True
+        return self.is_context_init_state and self.is_last_context_chunk
+
+    def require_matcher_advance(self) -> bool:
+        """Whether this step advances the matcher with ``new_token``.
+
+        A target request advances in generation. A draft request also advances at its last
+        prompt chunk, where ``new_token`` is the target's first token.
+        """
+        if self.guided_decoding_params is None:
+            return False
+        if self.is_draft and self.is_context_init_state and self.is_last_context_chunk:
+            return True
+        return self.is_generation_in_progress_state
+
+
+@dataclass(slots=True)
+class GuidedRequests:
+    """A batch of snapshots in logits-row order, with the bitmask rows each one owns.
+
+    Request ``i`` owns ``1 + min(len(draft_tokens), max_num_draft_tokens)`` consecutive rows
+    (its new-token position and one per draft token), starting where request ``i - 1`` ends;
+    this mirrors the rows of the logits tensor.
+    """
+
+    requests: list[GuidedRequest]
+    max_num_draft_tokens: int
+    offsets: list[int] = field(init=False)
+    num_bitmask_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.offsets = []
+        total = 0
+        for req in self.requests:
+            self.offsets.append(total)
+            total += self.rows_of(req)
+        self.num_bitmask_tokens = total
+
+    def rows_of(self, req: GuidedRequest) -> int:
+        """Bitmask rows owned by ``req``."""
+        return 1 + min(len(req.draft_tokens), self.max_num_draft_tokens)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def valid_requests(self) -> Iterator[GuidedRequest]:
+        """The guided requests."""
+        return (r for r in self.requests if r.guided_decoding_params is not None)
+
+    def valid_requests_with_offsets(self) -> Iterator[tuple[GuidedRequest, int]]:
+        """The guided requests with the first bitmask row of each."""
+        for req, offset in zip(self.requests, self.offsets, strict=False):
+            if req.guided_decoding_params is not None:
+                yield req, offset

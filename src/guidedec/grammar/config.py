@@ -1,0 +1,61 @@
+"""GuidedDecodingConfig: engine-wide settings of guided decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from guidedec.errors import GrammarError
+from guidedec.tokenizer import TokenizerInfo
+
+BackendName = Literal["xgrammar", "llguidance", "auto"]
+WhitespaceMode = Literal["flexible", "compact"]
+
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuidedDecodingConfig:
+    """Settings shared by every request of an engine.
+
+    Args:
+        backend: ``"xgrammar"``, ``"llguidance"`` or ``"auto"``: per guide, the backend that
+            enforces it exactly, falling back to the other one when it refuses (see
+            :mod:`guidedec.grammar.auto`).
+        tokenizer: The tokenizer, padded vocabulary size and stop tokens.
+        cache_limit_bytes: Byte budget of the compiled-grammar cache (least recently used first
+            out).
+        max_rollback_tokens: The longest rollback the caller will ask of a matcher (the number of
+            draft tokens in speculative decoding); both backends keep at least that much history.
+        json_whitespace: Whitespace that JSON guides allow between tokens. ``"flexible"``
+            (default) allows runs of at most ``max_json_whitespace`` whitespace characters
+            (space, tab, CR, LF) wherever JSON allows whitespace, so the model can indent as it
+            was trained to but can never loop on whitespace; ``"compact"`` allows none.
+        max_json_whitespace: The longest whitespace run in ``"flexible"`` mode.
+    """
+
+    backend: BackendName = "auto"
+    tokenizer: TokenizerInfo
+    cache_limit_bytes: int = 1 << 30
+    max_rollback_tokens: int = 0
+    json_whitespace: WhitespaceMode = "flexible"
+    max_json_whitespace: int = 20
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise GrammarError(
+                f"unknown guided decoding backend {self.backend!r}; choose one of {list(BACKENDS)}"
+            )
+        if self.json_whitespace not in get_args(WhitespaceMode):
+            raise ValueError(
+                f"json_whitespace must be 'flexible' or 'compact', got {self.json_whitespace!r}"
+            )
+        if self.max_json_whitespace < 1:
+            raise ValueError(f"max_json_whitespace must be >= 1, got {self.max_json_whitespace}")
+        if self.cache_limit_bytes < 0 or self.max_rollback_tokens < 0:
+            raise ValueError("cache_limit_bytes and max_rollback_tokens must be non-negative")
+
+    @property
+    def json_whitespace_limit(self) -> int:
+        """Longest whitespace run a JSON guide allows (0 in compact mode)."""
+        return 0 if self.json_whitespace == "compact" else self.max_json_whitespace

@@ -1,0 +1,186 @@
+"""The llguidance backend: Earley parsing over lazily built lexers, in Rust."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance as llg
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from guidedec.errors import GrammarError, MatcherError
+from guidedec.grammar.cache import CompileCache, guide_cache_key
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.convert import choice_to_lark, ebnf_to_lark, structural_tag_to_lark
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.tokenizer import TokenizerInfo
+
+BACKEND = "llguidance"
+ANY_OBJECT_SCHEMA = '{"type":"object"}'
+# llguidance does not report the size of a compiled grammar: a matcher template is estimated as
+# a fixed overhead plus a multiple of its grammar text.
+_ENTRY_OVERHEAD_BYTES = 64 * 1024
+_BYTES_PER_GRAMMAR_CHAR = 16
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    """A :class:`GrammarMatcher` over ``llguidance.LLMatcher``, with any number of stop tokens.
+
+    llguidance consumes a stop token itself when the grammar may end but could also go on. When
+    the grammar cannot go on (the matcher has stopped), llguidance no longer consumes tokens; the
+    wrapper then accepts a stop token on its own and counts it as one step for ``rollback``.
+    """
+
+    backend = BACKEND
+
+    def __init__(self, matcher: llg.LLMatcher, stop_token_ids: frozenset[int], vocab_size: int):
+        self._matcher = matcher
+        self._stop_token_ids = stop_token_ids
+        self._vocab_size = vocab_size
+        self._stop_accepted_here = False
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.is_terminated() or not 0 <= token_id < self._vocab_size:
+            return False
+        if self._matcher.is_stopped():
+            self._check_error()
+            if token_id in self._stop_token_ids:
+                self._stop_accepted_here = True
+                return True
+            return False
+        consumed = self._matcher.try_consume_tokens([token_id])
+        self._check_error()
+        return bool(consumed == 1)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if self._stop_accepted_here:
+            self._stop_accepted_here = False
+            num_tokens -= 1
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+            self._check_error()
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        if self.is_terminated():
+            raise ValueError("fill_next_token_bitmask called on a terminated matcher")
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, index)
+        self._check_error()
+
+    def is_terminated(self) -> bool:
+        return self._stop_accepted_here or self._matcher.stop_reason() == "EndOfSentence"
+
+    def _check_error(self) -> None:
+        if self._matcher.is_error():
+            raise MatcherError(f"llguidance matcher error: {self._matcher.get_error()}")
+
+
+def llguidance_tokenizer(tokenizer: TokenizerInfo) -> llg.LLTokenizer:
+    """llguidance's view of ``tokenizer`` (built once per TokenizerInfo)."""
+    return tokenizer.backend_object(
+        BACKEND,
+        lambda: llguidance.hf.from_tokenizer(
+            tokenizer.hf_tokenizer,
+            n_vocab=tokenizer.vocab_size,
+            eos_token=list(tokenizer.stop_token_ids),
+        ),
+    )
+
+
+class LLGuidanceMatcherFactory(GrammarMatcherFactory):
+    """Compiles guides to llguidance grammars; caches one matcher per guide and copies it."""
+
+    backend = BACKEND
+
+    def __init__(self, config: GuidedDecodingConfig) -> None:
+        self.config = config
+        self._tokenizer = llguidance_tokenizer(config.tokenizer)
+        self._stop_token_ids = frozenset(config.tokenizer.stop_token_ids)
+        self.cache: CompileCache[_Template] = CompileCache(config.cache_limit_bytes)
+        self._json_options = _json_options(config)
+
+    def create(self, params: GuidedDecodingParams) -> LLGuidanceMatcher:
+        template = self.compile(params)
+        return LLGuidanceMatcher(
+            template.matcher.deep_copy(), self._stop_token_ids, self.config.tokenizer.vocab_size
+        )
+
+    def compile(self, params: GuidedDecodingParams) -> _Template:
+        """A matcher at the start of ``params``' grammar, kept in the cache as a template."""
+        return self.cache.get_or_compile(
+            guide_cache_key(params), lambda: self._compile(params), _Template.estimated_size
+        )
+
+    def grammar_text(self, params: GuidedDecodingParams) -> str:
+        """The llguidance grammar (JSON text) for ``params``.
+
+        Raises:
+            GrammarError: the guide is not valid JSON or cannot be converted.
+        """
+        try:
+            return self._grammar_text(params)
+        except GrammarError:
+            raise
+        except (ValueError, TypeError) as exc:
+            message = f"cannot convert {params.guide_type.value} guide: {exc}"
+            raise GrammarError(message, backend=BACKEND) from exc
+
+    def _grammar_text(self, params: GuidedDecodingParams) -> str:
+        guide_type, guide = params.guide_type, params.guide
+        if guide_type is GuideType.JSON_OBJECT:
+            return self._json_grammar(ANY_OBJECT_SCHEMA)
+        if guide_type is GuideType.JSON_SCHEMA:
+            assert isinstance(guide, str)
+            return self._json_grammar(guide)
+        if guide_type is GuideType.CHOICE:
+            assert isinstance(guide, tuple)
+            return llg.LLMatcher.grammar_from_lark(choice_to_lark(guide))
+        assert isinstance(guide, str)
+        if guide_type is GuideType.REGEX:
+            return llg.LLMatcher.grammar_from_regex(guide)
+        if guide_type is GuideType.EBNF:
+            return llg.LLMatcher.grammar_from_lark(ebnf_to_lark(guide))
+        if guide_type is GuideType.LARK:
+            return llg.LLMatcher.grammar_from_lark(guide)
+        return llg.LLMatcher.grammar_from_lark(structural_tag_to_lark(guide))
+
+    def _json_grammar(self, schema: str) -> str:
+        try:
+            json.loads(schema)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise GrammarError(f"json_schema is not valid JSON: {exc}", backend=BACKEND) from exc
+        return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options)
+
+    def _compile(self, params: GuidedDecodingParams) -> _Template:
+        grammar = self.grammar_text(params)
+        matcher = llg.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            message = f"cannot compile {params.guide_type.value} guide: {matcher.get_error()}"
+            raise GrammarError(message, backend=BACKEND)
+        return _Template(matcher, len(grammar))
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """A compiled matcher at its start state; every request gets a deep copy."""
+
+    matcher: llg.LLMatcher
+    grammar_chars: int
+
+    def estimated_size(self) -> int:
+        return _ENTRY_OVERHEAD_BYTES + _BYTES_PER_GRAMMAR_CHAR * self.grammar_chars
+
+
+def _json_options(config: GuidedDecodingConfig) -> Any:
+    limit = config.json_whitespace_limit
+    if limit == 0:
+        return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+    return {
+        "whitespace_flexible": True,
+        "whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{limit}}}",
+    }

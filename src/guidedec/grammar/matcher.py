@@ -1,0 +1,49 @@
+"""The backend contract: a four-operation grammar matcher and the factory that makes them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from guidedec.grammar.params import GuidedDecodingParams
+
+
+class GrammarMatcher(ABC):
+    """The incremental state of one request's grammar.
+
+    A matcher only moves forward token by token, and undoes its last tokens with ``rollback``
+    (speculative decoding). Once a stop token is accepted the matcher is terminated.
+    """
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. Returns False (state unchanged) if the grammar rejects it."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one)."""
+
+    @abstractmethod
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        """Write the allowed next tokens into row ``index`` of the int32 ``bitmask``.
+
+        Bit ``t % 32`` of word ``t // 32`` is set iff token ``t`` is allowed (stop tokens are
+        allowed where the grammar may end). Must not be called once terminated.
+        """
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """Whether a stop token has been accepted (the output is complete)."""
+
+
+class GrammarMatcherFactory(ABC):
+    """Compiles guides (with a cache) and hands out fresh matchers."""
+
+    @abstractmethod
+    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        """A matcher at the start of ``params``' guide.
+
+        Raises:
+            GrammarError: the guide cannot be compiled; the message names the problem.
+        """

@@ -1,0 +1,149 @@
+"""The xgrammar backend: compiled grammars with xgrammar's persistent-stack Earley matcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+
+import torch
+import xgrammar as xgr
+
+from guidedec.errors import GrammarError
+from guidedec.grammar.cache import CompileCache, guide_cache_key
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.convert import choice_to_ebnf
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.tokenizer import TokenizerInfo
+
+BACKEND = "xgrammar"
+ANY_OBJECT_SCHEMA = '{"type":"object"}'
+_XGRAMMAR_LOCATION = re.compile(r"^(\[[^\]]*\] )?\S+\.(cc|h):\d+: ")
+
+
+class XGrammarMatcher(GrammarMatcher):
+    """A :class:`GrammarMatcher` over ``xgrammar.GrammarMatcher``."""
+
+    backend = BACKEND
+
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self._matcher.accept_token(token_id))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._matcher.rollback(num_tokens)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        if self._matcher.is_terminated():
+            raise ValueError("fill_next_token_bitmask called on a terminated matcher")
+        self._matcher.fill_next_token_bitmask(bitmask, index)
+
+    def is_terminated(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
+
+def xgrammar_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
+    """xgrammar's view of ``tokenizer`` (built once per TokenizerInfo)."""
+    return tokenizer.backend_object(
+        BACKEND,
+        lambda: xgr.TokenizerInfo.from_huggingface(
+            tokenizer.hf_tokenizer,
+            vocab_size=tokenizer.vocab_size,
+            stop_token_ids=list(tokenizer.stop_token_ids),
+        ),
+    )
+
+
+class XGrammarMatcherFactory(GrammarMatcherFactory):
+    """Compiles guides with ``xgrammar.GrammarCompiler`` into a guidedec :class:`CompileCache`."""
+
+    backend = BACKEND
+
+    def __init__(self, config: GuidedDecodingConfig) -> None:
+        self.config = config
+        self._compiler = xgr.GrammarCompiler(
+            xgrammar_tokenizer_info(config.tokenizer),
+            max_threads=min(8, os.cpu_count() or 1),
+            cache_enabled=False,
+        )
+        self.cache: CompileCache[xgr.CompiledGrammar] = CompileCache(config.cache_limit_bytes)
+
+    def create(self, params: GuidedDecodingParams) -> XGrammarMatcher:
+        compiled = self.compile(params)
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+
+    def compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
+        """The compiled grammar of ``params`` (cached)."""
+        key = guide_cache_key(params)
+        return self.cache.get_or_compile(
+            key, lambda: self._compile(params), lambda g: int(g.memory_size_bytes)
+        )
+
+    def _compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return self._compile_unchecked(params)
+        except GrammarError:
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError, ValueError and its own types
+            raise GrammarError(_describe(params, exc), backend=BACKEND) from exc
+
+    def _compile_unchecked(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
+        guide_type, guide = params.guide_type, params.guide
+        if guide_type is GuideType.JSON_OBJECT:
+            return self._compile_json(ANY_OBJECT_SCHEMA)
+        if guide_type is GuideType.JSON_SCHEMA:
+            assert isinstance(guide, str)
+            return self._compile_json(_checked_json(guide, "json_schema"))
+        if guide_type is GuideType.CHOICE:
+            assert isinstance(guide, tuple)
+            return self._compiler.compile_grammar(choice_to_ebnf(guide))
+        assert isinstance(guide, str)
+        if guide_type is GuideType.REGEX:
+            return self._compiler.compile_regex(guide)
+        if guide_type is GuideType.EBNF:
+            return self._compiler.compile_grammar(guide)
+        if guide_type is GuideType.LARK:
+            return self._compiler.compile_lark(guide)
+        return self._compile_structural_tag(_checked_json(guide, "structural_tag"))
+
+    def _compile_json(self, schema: str) -> xgr.CompiledGrammar:
+        limit = self.config.json_whitespace_limit
+        if limit == 0:
+            return self._compiler.compile_json_schema(
+                schema, any_whitespace=False, separators=(",", ":"), strict_mode=False
+            )
+        return self._compiler.compile_json_schema(
+            schema, any_whitespace=True, max_whitespace_cnt=limit, strict_mode=False
+        )
+
+    def _compile_structural_tag(self, tag: str) -> xgr.CompiledGrammar:
+        value = json.loads(tag)
+        if isinstance(value, dict) and "structures" in value:
+            items = [
+                xgr.StructuralTagItem(begin=s["begin"], schema=s["schema"], end=s["end"])
+                for s in value["structures"]
+            ]
+            return self._compiler.compile_structural_tag(items, list(value.get("triggers", [])))
+        return self._compiler.compile_structural_tag(tag)
+
+
+def _checked_json(text: str, what: str) -> str:
+    try:
+        json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise GrammarError(f"{what} is not valid JSON: {exc}", backend=BACKEND) from exc
+    return text
+
+
+def _describe(params: GuidedDecodingParams, exc: Exception) -> str:
+    message = str(exc).strip() or type(exc).__name__
+    # xgrammar prefixes its C++ errors with a timestamp and a source location.
+    message = _XGRAMMAR_LOCATION.sub("", message)
+    return f"cannot compile {params.guide_type.value} guide: {message}"

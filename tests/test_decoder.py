@@ -1,0 +1,269 @@
+"""GuidedDecoder: one batched step, failure isolation, row layout and draft rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from guidedec import (
+    GrammarMatcher,
+    GrammarMatcherFactory,
+    GuidedDecoder,
+    GuidedDecodingConfig,
+    GuidedDecodingParams,
+    GuidedRequest,
+    TokenizerInfo,
+)
+from guidedec.bitmask import apply_bitmask
+from guidedec.testing import feed_tokens, next_token_mask
+
+SCHEMA = GuidedDecodingParams(
+    json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+)
+REGEX = GuidedDecodingParams(regex=r"(yes|no)!")
+
+
+@pytest.fixture
+def make_decoder(
+    tokenizer: TokenizerInfo, make_factory: Callable[..., GrammarMatcherFactory]
+) -> Callable[..., GuidedDecoder]:
+    def make(
+        backend: str = "auto", *, max_num_sequences: int = 4, drafts: int = 0
+    ) -> GuidedDecoder:
+        config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)  # type: ignore[arg-type]
+        return GuidedDecoder(
+            config=config,
+            max_num_sequences=max_num_sequences,
+            max_num_draft_tokens=drafts,
+            vocab_size=tokenizer.vocab_size,
+            factory=make_factory(backend),
+        )
+
+    return make
+
+
+def random_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
+
+
+def expected_row(factory: GrammarMatcherFactory, params, tokens: list[int], vocab: int):
+    matcher = factory.create(params)
+    assert feed_tokens(matcher, tokens) == len(tokens)
+    return next_token_mask(matcher, vocab)
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "auto"])
+def test_step_masks_guided_rows_and_leaves_unguided_rows_alone(
+    backend: str, make_decoder, make_factory, tokenizer: TokenizerInfo
+) -> None:
+    decoder = make_decoder(backend)
+    vocab = tokenizer.vocab_size
+    decoder.add_batch(
+        [
+            GuidedRequest.context(SCHEMA, request_id=10, seq_slot=2),
+            GuidedRequest.context(None, request_id=11, seq_slot=0),
+            GuidedRequest.context(REGEX, request_id=12, seq_slot=1),
+        ]
+    )
+    logits = random_logits(3, vocab)
+    original = logits.clone()
+    assert decoder.execute(logits) == []
+    expected = original.clone()
+    factory = make_factory(backend)
+    rows = torch.stack(
+        [
+            expected_row(factory, SCHEMA, [], vocab),
+            torch.full_like(decoder.bitmask_host[0], -1),
+            expected_row(factory, REGEX, [], vocab),
+        ]
+    )
+    apply_bitmask(expected, rows, backend="torch")
+    assert torch.equal(logits, expected)
+    assert torch.equal(logits[1], original[1])
+
+    # Next step: the sampled tokens advance the matchers.
+    first = [tokenizer.encode('{"n"')[0], 5, tokenizer.encode("yes")[0]]
+    decoder.add_batch(
+        [
+            GuidedRequest.generation(SCHEMA, request_id=10, seq_slot=2, new_token=first[0]),
+            GuidedRequest.generation(None, request_id=11, seq_slot=0, new_token=first[1]),
+            GuidedRequest.generation(REGEX, request_id=12, seq_slot=1, new_token=first[2]),
+        ]
+    )
+    logits = random_logits(3, vocab, seed=1)
+    assert decoder.execute(logits) == []
+    assert torch.equal(decoder.bitmask_host[0], expected_row(factory, SCHEMA, first[:1], vocab))
+    assert torch.equal(decoder.bitmask_host[2], expected_row(factory, REGEX, first[2:], vocab))
+    assert decoder.token_mask_host[:3].tolist() == [1, 0, 1]
+    assert not torch.isnan(logits).any()
+
+
+def test_a_malformed_guide_fails_only_its_request(make_decoder, tokenizer: TokenizerInfo) -> None:
+    decoder = make_decoder("auto")
+    decoder.add_batch(
+        [
+            GuidedRequest.context(SCHEMA, request_id=1, seq_slot=0),
+            GuidedRequest.context(
+                GuidedDecodingParams(regex="(unclosed"), request_id=2, seq_slot=1
+            ),
+            GuidedRequest.context(GuidedDecodingParams(choice=[]), request_id=3, seq_slot=2),
+        ]
+    )
+    logits = random_logits(3, tokenizer.vocab_size)
+    original = logits.clone()
+    failures = dict(decoder.execute(logits))
+    assert set(failures) == {2, 3}
+    assert "regex" in failures[2] and "request 2" in failures[2]
+    assert "choice" in failures[3]
+    assert torch.isinf(logits[0]).any()
+    assert torch.equal(logits[1:], original[1:])  # failed rows are left unmasked: no NaN
+
+    decoder.add_batch([GuidedRequest.generation(SCHEMA, request_id=2, seq_slot=1, new_token=5)])
+    failures = dict(decoder.execute(random_logits(1, tokenizer.vocab_size)))
+    assert "no grammar matcher" in failures[2]
+
+
+def test_a_rejected_sampled_token_fails_its_request(make_decoder, tokenizer: TokenizerInfo) -> None:
+    decoder = make_decoder("xgrammar")
+    decoder.add_batch([GuidedRequest.context(REGEX, request_id=7, seq_slot=0)])
+    decoder.execute(random_logits(1, tokenizer.vocab_size))
+    bad = tokenizer.encode("maybe")[0]
+    decoder.add_batch([GuidedRequest.generation(REGEX, request_id=7, seq_slot=0, new_token=bad)])
+    failures = decoder.execute(random_logits(1, tokenizer.vocab_size))
+    assert failures and failures[0][0] == 7 and "rejected" in failures[0][1]
+
+
+class DeadEndMatcher(GrammarMatcher):
+    """A matcher whose next state allows nothing (an unsatisfiable grammar)."""
+
+    def accept_token(self, token_id: int) -> bool:
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        bitmask[index].zero_()
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+class DeadEndFactory(GrammarMatcherFactory):
+    def create(self, params) -> GrammarMatcher:
+        return DeadEndMatcher()
+
+
+def test_dead_end_row_fails_request_without_nan(tokenizer: TokenizerInfo) -> None:
+    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
+    decoder = GuidedDecoder(
+        config=config,
+        max_num_sequences=2,
+        vocab_size=tokenizer.vocab_size,
+        factory=DeadEndFactory(),
+    )
+    decoder.add_batch([GuidedRequest.context(SCHEMA, request_id=5, seq_slot=1)])
+    logits = random_logits(1, tokenizer.vocab_size)
+    failures = decoder.execute(logits)
+    assert failures == [
+        (5, "request 5 (slot 1) reached a grammar state that allows no token (dead end)")
+    ]
+    assert not torch.isinf(logits).any() and not torch.isnan(logits).any()
+    assert decoder.grammar_matchers[1] is None
+
+
+def test_terminated_request_rows_are_not_applied(make_decoder, tokenizer: TokenizerInfo) -> None:
+    decoder = make_decoder("llguidance")
+    params = GuidedDecodingParams(choice=["ok"])
+    decoder.add_batch([GuidedRequest.context(params, request_id=1, seq_slot=0)])
+    decoder.execute(random_logits(1, tokenizer.vocab_size))
+    for token in [*tokenizer.encode("ok"), tokenizer.eos_token_id]:
+        decoder.add_batch(
+            [GuidedRequest.generation(params, request_id=1, seq_slot=0, new_token=token)]
+        )
+        logits = random_logits(1, tokenizer.vocab_size)
+        assert decoder.execute(logits) == []
+    assert decoder.grammar_matchers[0] is not None and decoder.grammar_matchers[0].is_terminated()
+    assert decoder.token_mask_host[0] == 0
+    assert not torch.isinf(logits).any()
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_draft_rows_equal_a_fresh_matcher_fed_the_draft_prefix(
+    backend: str, make_decoder, make_factory, tokenizer: TokenizerInfo
+) -> None:
+    decoder = make_decoder(backend, drafts=3)
+    vocab = tokenizer.vocab_size
+    text = tokenizer.encode('{"n": 12345}')
+    decoder.add_batch(
+        [
+            GuidedRequest.context(SCHEMA, request_id=1, seq_slot=0),
+            GuidedRequest.context(REGEX, request_id=2, seq_slot=1),
+        ]
+    )
+    decoder.execute(random_logits(2, vocab))
+    drafts = text[1:4]
+    decoder.add_batch(
+        [
+            GuidedRequest.generation(
+                SCHEMA, request_id=1, seq_slot=0, new_token=text[0], draft_tokens=drafts
+            ),
+            GuidedRequest.generation(
+                REGEX, request_id=2, seq_slot=1, new_token=tokenizer.encode("no")[0]
+            ),
+        ]
+    )
+    logits = random_logits(5, vocab)
+    assert decoder.execute(logits) == []
+    factory = make_factory(backend)
+    for i in range(4):
+        assert torch.equal(
+            decoder.bitmask_host[i], expected_row(factory, SCHEMA, text[: i + 1], vocab)
+        ), i
+    assert decoder.num_advanced_tokens[0] == 4 and decoder.num_guided_tokens[0] == 4
+    assert torch.equal(
+        decoder.bitmask_host[4], expected_row(factory, REGEX, tokenizer.encode("no")[:1], vocab)
+    )
+
+
+def test_draft_guiding_stops_at_a_rejected_draft_token(
+    make_decoder, tokenizer: TokenizerInfo
+) -> None:
+    decoder = make_decoder("xgrammar", drafts=4)
+    decoder.add_batch([GuidedRequest.context(REGEX, request_id=1, seq_slot=0)])
+    decoder.execute(random_logits(1, tokenizer.vocab_size))
+    yes = tokenizer.encode("yes")[0]
+    bogus = tokenizer.encode("zzz")[0]
+    decoder.add_batch(
+        [
+            GuidedRequest.generation(
+                REGEX, request_id=1, seq_slot=0, new_token=yes, draft_tokens=[bogus, bogus]
+            )
+        ]
+    )
+    assert decoder.execute(random_logits(3, tokenizer.vocab_size)) == []
+    assert decoder.token_mask_host[:3].tolist() == [1, 0, 0]
+    assert decoder.num_advanced_tokens[0] == 1
+
+
+def test_add_batch_rejects_more_rows_than_the_buffers_hold(make_decoder) -> None:
+    decoder = make_decoder("xgrammar", max_num_sequences=1, drafts=1)
+    with pytest.raises(ValueError, match="bitmask rows"):
+        decoder.add_batch(
+            [
+                GuidedRequest.context(SCHEMA, request_id=1, seq_slot=0),
+                GuidedRequest.generation(
+                    SCHEMA, request_id=2, seq_slot=0, new_token=1, draft_tokens=[1]
+                ),
+            ]
+        )
+    with pytest.raises(ValueError, match="seq_slot"):
+        decoder.add_batch([GuidedRequest.context(SCHEMA, request_id=1, seq_slot=3)])
+
+
+def test_decoder_vocab_must_match_the_tokenizer(tokenizer: TokenizerInfo) -> None:
+    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="vocab_size"):
+        GuidedDecoder(config=config, max_num_sequences=1, vocab_size=tokenizer.vocab_size + 32)

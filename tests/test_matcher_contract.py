@@ -1,0 +1,172 @@
+"""The four-operation matcher contract, run against every backend and ``auto``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guidedec import (
+    GrammarMatcherFactory,
+    GuidedDecodingConfig,
+    GuidedDecodingParams,
+    TokenizerInfo,
+    create_grammar_matcher_factory,
+)
+from guidedec.testing import accepts_output, allowed_token_ids, feed_tokens, next_token_mask
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age"],
+}
+PERSON_TEXT = '{"name": "Ada", "age": 36, "tags": ["math", "engines"]}'
+
+# One valid and one invalid output per guide type; both must get the same verdict everywhere.
+GUIDE_CASES = [
+    (GuidedDecodingParams(json_object=True), '{"x": [1, 2, {"y": null}]}', "[1, 2]"),
+    (GuidedDecodingParams(json_schema=PERSON), PERSON_TEXT, '{"name": "Ada"}'),
+    (GuidedDecodingParams(json_schema=json.dumps(PERSON)), PERSON_TEXT, '{"age": 3}'),
+    (GuidedDecodingParams(regex=r"[a-z]+@[a-z]+\.com"), "ada@lovelace.com", "ada@lovelace"),
+    (GuidedDecodingParams(ebnf='root ::= "(" [0-9]+ ("+" [0-9]+)* ")"'), "(1+23+4)", "(1+)"),
+    (GuidedDecodingParams(lark='start: "(" NUM ("+" NUM)* ")"\nNUM: /[0-9]+/'), "(12+3)", "()"),
+    (GuidedDecodingParams(choice=["yes", "no", "maybe so"]), "maybe so", "maybe"),
+]
+
+
+@pytest.mark.parametrize(("params", "valid", "invalid"), GUIDE_CASES)
+def test_every_guide_type_accepts_valid_and_rejects_invalid_output(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo, params, valid: str, invalid: str
+) -> None:
+    assert accepts_output(factory, tokenizer, params, valid)
+    assert not accepts_output(factory, tokenizer, params, invalid)
+
+
+def test_rejected_token_leaves_the_state_unchanged(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
+) -> None:
+    matcher = factory.create(GuidedDecodingParams(json_schema=PERSON))
+    feed_tokens(matcher, tokenizer.encode('{"name": "Ada", "age"'))
+    before = next_token_mask(matcher, tokenizer.vocab_size)
+    for bad in tokenizer.encode("}]x"):
+        assert not matcher.accept_token(bad)
+    assert torch.equal(next_token_mask(matcher, tokenizer.vocab_size), before)
+    assert feed_tokens(matcher, tokenizer.encode(": 1}")) == len(tokenizer.encode(": 1}"))
+
+
+def test_stop_token_is_allowed_only_when_the_output_is_complete(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
+) -> None:
+    matcher = factory.create(GuidedDecodingParams(json_schema=PERSON))
+    ids = tokenizer.encode(PERSON_TEXT)
+    for token in ids:
+        assert tokenizer.eos_token_id not in allowed_token_ids(
+            next_token_mask(matcher, tokenizer.vocab_size), tokenizer.vocab_size
+        )
+        assert matcher.accept_token(token)
+    assert tokenizer.eos_token_id in allowed_token_ids(
+        next_token_mask(matcher, tokenizer.vocab_size), tokenizer.vocab_size
+    )
+    assert not matcher.is_terminated()
+    assert matcher.accept_token(tokenizer.eos_token_id)
+    assert matcher.is_terminated()
+    assert not matcher.accept_token(ids[0])
+
+
+def test_bitmask_agrees_with_accept_token(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
+) -> None:
+    matcher = factory.create(GuidedDecodingParams(json_schema=PERSON))
+    feed_tokens(matcher, tokenizer.encode('{"name": "Ada", "age": 3'))
+    allowed = allowed_token_ids(
+        next_token_mask(matcher, tokenizer.vocab_size), tokenizer.vocab_size
+    )
+    generator = torch.Generator().manual_seed(0)
+    probes = torch.randint(0, tokenizer.vocab_size, (300,), generator=generator).tolist()
+    for token in sorted(allowed)[:200] + probes:
+        accepted = matcher.accept_token(token)
+        assert accepted == (token in allowed), token
+        if accepted:
+            matcher.rollback(1)
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance", "auto"])
+def test_every_stop_token_terminates_on_every_backend(backend_name: str) -> None:
+    base = TokenizerInfo.default()
+    tok = TokenizerInfo(base.hf_tokenizer, stop_token_ids=[1, 2, 128000])
+    config = GuidedDecodingConfig(backend=backend_name, tokenizer=tok)
+    factory = create_grammar_matcher_factory(config)
+    for stop in tok.stop_token_ids:
+        matcher = factory.create(GuidedDecodingParams(regex="(ab)+"))
+        feed_tokens(matcher, tok.encode("abab"))
+        allowed = allowed_token_ids(next_token_mask(matcher, tok.vocab_size), tok.vocab_size)
+        assert set(tok.stop_token_ids) <= allowed
+        assert matcher.accept_token(stop)
+        assert matcher.is_terminated()
+        matcher.rollback(1)
+        assert not matcher.is_terminated()
+        assert feed_tokens(matcher, tok.encode("ab")) == 1
+
+
+def test_stop_token_after_a_forced_end_counts_as_one_rollback_step(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
+) -> None:
+    matcher = factory.create(GuidedDecodingParams(choice=["stop here"]))
+    ids = tokenizer.encode("stop here")
+    assert feed_tokens(matcher, ids) == len(ids)
+    assert matcher.accept_token(tokenizer.eos_token_id)
+    matcher.rollback(2)
+    assert not matcher.is_terminated()
+    assert feed_tokens(matcher, ids[-1:]) == 1
+    assert matcher.accept_token(tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize(("params", "valid", "_invalid"), GUIDE_CASES)
+def test_rollback_then_replay_gives_identical_bitmask(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo, params, valid: str, _invalid: str
+) -> None:
+    ids = [*tokenizer.encode(valid), tokenizer.eos_token_id]
+    matcher = factory.create(params)
+    rows = []
+    for token in ids:
+        rows.append(next_token_mask(matcher, tokenizer.vocab_size))
+        assert matcher.accept_token(token)
+    for k in range(1, len(ids) + 1):
+        matcher.rollback(k)
+        assert torch.equal(next_token_mask(matcher, tokenizer.vocab_size), rows[len(ids) - k]), k
+        assert feed_tokens(matcher, ids[len(ids) - k :]) == k
+        assert matcher.is_terminated()
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_random_rollbacks_match_a_fresh_matcher(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    data: st.DataObject,
+) -> None:
+    backend = data.draw(st.sampled_from(["xgrammar", "llguidance"]))
+    factory = make_factory(backend)
+    params = GuidedDecodingParams(json_schema=PERSON)
+    ids = tokenizer.encode(PERSON_TEXT)
+    matcher, position = factory.create(params), 0
+    for _ in range(data.draw(st.integers(1, 8))):
+        forward = data.draw(st.integers(0, len(ids) - position))
+        assert feed_tokens(matcher, ids[position : position + forward]) == forward
+        position += forward
+        back = data.draw(st.integers(0, position))
+        matcher.rollback(back)
+        position -= back
+    fresh = factory.create(params)
+    feed_tokens(fresh, ids[:position])
+    assert torch.equal(
+        next_token_mask(matcher, tokenizer.vocab_size), next_token_mask(fresh, tokenizer.vocab_size)
+    )

@@ -12,6 +12,7 @@ Run: ``HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/bench_apply.py``
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -296,8 +297,6 @@ def write_json(
     first: dict[str, float],
     first_batch: int,
 ) -> None:
-    import xgrammar
-
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "vocab_size": VOCAB_SIZE,
@@ -305,7 +304,7 @@ def write_json(
         "rows": composition,
         "repeats": args.repeats,
         "torch": torch.__version__,
-        "xgrammar": xgrammar.__version__,
+        "xgrammar": importlib.metadata.version("xgrammar"),
         "torch_threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "median_ms": results,

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask
-from guidedec.bitmask.kernels import KERNELS, _cpu, resolve_backend
+from guidedec.bitmask.kernels import KERNELS, KernelSpec, _cpu, load_kernel, resolve_backend
 from guidedec.testing import bool_mask_to_bitmask, mixed_density_bitmask, random_bitmask
 
 BACKENDS = sorted(KERNELS)  # every registered kernel, the reference included
@@ -44,7 +44,8 @@ def oracle_allowed(
     bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little").astype(bool)
     targets = np.arange(num_columns) + (0 if d2t is None else d2t.numpy().astype(np.int64))
     covered = (targets >= 0) & (targets < bits.shape[1])
-    return bits[:, np.where(covered, targets, 0)] & covered
+    allowed: np.ndarray = bits[:, np.where(covered, targets, 0)] & covered
+    return allowed
 
 
 def oracle_apply(
@@ -366,6 +367,16 @@ def test_fast_kernels_match_reference_on_arbitrary_inputs(
 def test_auto_backend_picks_cpu_kernel_for_cpu_and_reference_elsewhere() -> None:
     assert resolve_backend("auto", torch.device("cpu")) == "cpu"
     assert resolve_backend("auto", torch.device("meta")) == "torch"
+
+
+def test_kernel_missing_its_optional_dependency_fails_with_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = KernelSpec("guidedec.bitmask.kernels._not_installed", requires="triton")
+    monkeypatch.setitem(KERNELS, "fake", spec)
+    assert resolve_backend("fake", torch.device("cpu")) == "fake"
+    with pytest.raises(ImportError, match=r"backend 'fake' is unavailable.*'triton'"):
+        load_kernel("fake")
 
 
 def test_unknown_backend_error_names_the_valid_choices() -> None:

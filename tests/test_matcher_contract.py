@@ -170,3 +170,16 @@ def test_random_rollbacks_match_a_fresh_matcher(
     assert torch.equal(
         next_token_mask(matcher, tokenizer.vocab_size), next_token_mask(fresh, tokenizer.vocab_size)
     )
+
+
+def test_rollback_past_the_first_token_is_a_value_error(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
+) -> None:
+    matcher = factory.create(GuidedDecodingParams(regex="[a-z]+"))
+    assert feed_tokens(matcher, tokenizer.encode("ab")) == 1
+    with pytest.raises(ValueError, match="cannot roll back 2 tokens"):
+        matcher.rollback(2)
+    with pytest.raises(ValueError, match="cannot roll back -1"):
+        matcher.rollback(-1)
+    matcher.rollback(1)
+    assert feed_tokens(matcher, tokenizer.encode("ab")) == 1

@@ -196,6 +196,17 @@ class GeneratedOutput:
     error: str | None = None
 
 
+def sample_gumbel_max(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
+    """One token per row from ``softmax(logits / temperature)``, by the Gumbel-max trick
+    (``argmax(logits / T + G)`` with ``G`` standard Gumbel noise); -inf logits are never drawn.
+    Much faster than ``torch.multinomial`` over a 100k-token vocabulary."""
+    uniform = torch.rand(logits.shape, generator=generator).clamp_(min=1e-20)
+    gumbel = -torch.log(-torch.log(uniform))
+    return torch.argmax(logits / temperature + gumbel, dim=-1)
+
+
 def random_guided_generate(
     decoder: GuidedDecoder,
     guides: Sequence[GuidedDecodingParams],
@@ -222,10 +233,9 @@ def random_guided_generate(
         decoder.add_batch(step_requests)
         logits = torch.randn(len(live), decoder.vocab_size, generator=generator)
         failed = dict(decoder.execute(logits))
-        probs = torch.softmax(logits / temperature, dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=generator).flatten().tolist()
+        sampled = sample_gumbel_max(logits, temperature, generator).tolist()
         still_live, step_requests = [], []
-        for i, token in zip(live, sampled):
+        for i, token in zip(live, sampled, strict=True):
             if i in failed:
                 outputs[i].error = failed[i]
             elif token in stop_ids:

@@ -15,7 +15,7 @@ from guidedec.errors import GrammarError, MatcherError
 from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import choice_to_lark, ebnf_to_lark, structural_tag_to_lark
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
 
@@ -42,8 +42,14 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._stop_token_ids = stop_token_ids
         self._vocab_size = vocab_size
         self._stop_accepted_here = False
+        self._num_accepted = 0
 
     def accept_token(self, token_id: int) -> bool:
+        accepted = self._accept(token_id)
+        self._num_accepted += accepted
+        return accepted
+
+    def _accept(self, token_id: int) -> bool:
         if self.is_terminated() or not 0 <= token_id < self._vocab_size:
             return False
         if self._matcher.is_stopped():
@@ -57,8 +63,10 @@ class LLGuidanceMatcher(GrammarMatcher):
         return bool(consumed == 1)
 
     def rollback(self, num_tokens: int) -> None:
-        if num_tokens <= 0:
+        check_rollback(num_tokens, self._num_accepted)
+        if num_tokens == 0:
             return
+        self._num_accepted -= num_tokens
         if self._stop_accepted_here:
             self._stop_accepted_here = False
             num_tokens -= 1

@@ -37,6 +37,14 @@ class GrammarMatcher(ABC):
         """Whether a stop token has been accepted (the output is complete)."""
 
 
+def check_rollback(num_tokens: int, num_accepted: int) -> None:
+    """Raise ``ValueError`` unless ``0 <= num_tokens <= num_accepted``."""
+    if not 0 <= num_tokens <= num_accepted:
+        raise ValueError(
+            f"cannot roll back {num_tokens} tokens: the matcher has accepted {num_accepted}"
+        )
+
+
 class GrammarMatcherFactory(ABC):
     """Compiles guides (with a cache) and hands out fresh matchers."""
 

@@ -14,7 +14,7 @@ from guidedec.errors import GrammarError
 from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import choice_to_ebnf
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
 
@@ -30,13 +30,18 @@ class XGrammarMatcher(GrammarMatcher):
 
     def __init__(self, matcher: xgr.GrammarMatcher) -> None:
         self._matcher = matcher
+        self._num_accepted = 0
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self._matcher.accept_token(token_id))
+        accepted = bool(self._matcher.accept_token(token_id))
+        self._num_accepted += accepted
+        return accepted
 
     def rollback(self, num_tokens: int) -> None:
+        check_rollback(num_tokens, self._num_accepted)
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
+            self._num_accepted -= num_tokens
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         if self._matcher.is_terminated():

@@ -9,10 +9,13 @@ nearly all of them (inside a string). Each row is planned from its exact count o
   them back;
 - *dense* (neither side is small): unpack the whole row and ``masked_fill_`` it.
 
-Index arithmetic runs in numpy (cheap on small arrays); the writes go through an integer view of
-the logits, so allowed entries are copied bit for bit (NaN payloads included) and masked entries
-get the exact -inf bit pattern of the dtype. Rows with a ``d2t`` remapping use the reference
-formulation (:mod:`._torch`), whose cost is proportional to ``B * C``.
+Everything works on an integer view of the logits (same strides), so allowed entries are copied
+bit for bit (NaN payloads included) and masked entries get the exact -inf bit pattern of the
+dtype. Index arithmetic and the sparse writes run in numpy: cheap on small arrays, and
+single-threaded, which keeps the kernel steady on a busy machine where torch's intra-op threads
+stall. The writes bypass autograd (logits are sampled, not differentiated). With a ``d2t``
+remapping the kernel uses the reference formulation (:mod:`._torch`), whose cost is
+proportional to ``B * C``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from guidedec.bitmask.layout import ALL_ALLOWED_WORD, BITS_PER_WORD
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 WordArray = npt.NDArray[np.int32]
+LogitsArray = npt.NDArray[np.signedinteger[Any]]  # int32 or int16 view of the logits
 
 # A row is sparse when its minority side (allowed or forbidden columns) is at most 1/32 of the
 # columns: one sparse bit costs ~15-50 ns, one dense column ~1-2 ns (measured, V = 129,280).
@@ -54,12 +58,13 @@ def apply_bitmask_inplace(
     if not active.any():
         return
     int_logits, neg_inf = _int_view(logits)
+    int_array: LogitsArray = int_logits.numpy()  # shares memory and strides with logits
     num_columns = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
     words = _covered_words(bitmask, num_columns)
-    _mask_uncovered_columns(int_logits, active, num_columns, neg_inf)
+    _mask_uncovered_columns(int_array, active, num_columns, neg_inf)
     plan = plan_rows(words, num_columns, active)
-    _patch_rows(int_logits, words, plan.patch, num_columns, neg_inf)
-    _restore_rows(int_logits, words, plan.restore, num_columns, neg_inf)
+    _patch_rows(int_array, words, plan.patch, num_columns, neg_inf)
+    _restore_rows(int_array, words, plan.restore, num_columns, neg_inf)
     _dense_rows(int_logits, words, plan.dense, num_columns, neg_inf)
 
 
@@ -97,11 +102,17 @@ def _active_rows(token_mask: torch.Tensor | None, num_rows: int) -> BoolArray:
     return np.asarray(token_mask.numpy() != 0, dtype=np.bool_)
 
 
+def _neg_inf_bits(dtype: torch.dtype) -> int:
+    """The bit pattern of -inf in ``dtype``, read as a signed integer of the same width."""
+    return int(torch.tensor(float("-inf"), dtype=dtype).view(_INT_VIEW[dtype]).item())
+
+
+_NEG_INF_BITS = {dtype: _neg_inf_bits(dtype) for dtype in _INT_VIEW}
+
+
 def _int_view(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Same-size integer view of ``logits`` (same strides) and the bit pattern of -inf in it."""
-    int_dtype = _INT_VIEW[logits.dtype]
-    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype).view(int_dtype)
-    return logits.view(int_dtype), int(neg_inf.item())
+    return logits.view(_INT_VIEW[logits.dtype]), _NEG_INF_BITS[logits.dtype]
 
 
 def _covered_words(bitmask: torch.Tensor, num_columns: int) -> WordArray:
@@ -112,20 +123,23 @@ def _covered_words(bitmask: torch.Tensor, num_columns: int) -> WordArray:
 
 
 def _mask_uncovered_columns(
-    int_logits: torch.Tensor, active: BoolArray, num_columns: int, neg_inf: int
+    int_array: LogitsArray, active: BoolArray, num_columns: int, neg_inf: int
 ) -> None:
     """Columns at or past ``32 * W`` have no bit: they are always masked."""
-    if int_logits.shape[1] > num_columns:
-        rows = torch.from_numpy(np.flatnonzero(active))
-        int_logits[:, num_columns:].index_fill_(0, rows, neg_inf)
+    if int_array.shape[1] > num_columns:
+        for row in np.flatnonzero(active).tolist():
+            int_array[row, num_columns:] = neg_inf
 
 
 def _popcount(words: WordArray) -> npt.NDArray[np.integer[Any]]:
     """Number of set bits of each int32 word (two's complement, so -1 has 32)."""
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0; counts |x| for signed ints, so go unsigned
-        return np.bitwise_count(words.view(np.uint32))
+        counts: npt.NDArray[np.integer[Any]] = np.bitwise_count(words.view(np.uint32))
+        return counts
     as_bytes = np.ascontiguousarray(words, dtype=np.dtype("<i4")).view(np.uint8)
-    return _POPCOUNT_BYTE[as_bytes].reshape(*words.shape, 4).sum(axis=-1)
+    byte_counts: IntArray = _POPCOUNT_BYTE[as_bytes].reshape(*words.shape, 4)
+    word_counts: IntArray = byte_counts.sum(axis=-1)
+    return word_counts
 
 
 def _count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
@@ -140,8 +154,8 @@ def _count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
 
 def _bit_positions(
     words: WordArray, rows: BoolArray, *, allowed: bool, num_columns: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, column) int64 tensors of the allowed (or forbidden) columns of the selected rows.
+) -> tuple[IntArray, IntArray]:
+    """(row, column) int64 arrays of the allowed (or forbidden) columns of the selected rows.
 
     Only words that hold at least one wanted bit are unpacked, and within them only such bytes.
     """
@@ -158,30 +172,30 @@ def _bit_positions(
     if num_columns % BITS_PER_WORD:
         inside = columns < num_columns
         row_index, columns = row_index[inside], columns[inside]
-    return torch.from_numpy(row_index), torch.from_numpy(columns)
+    return row_index, columns
 
 
 def _patch_rows(
-    int_logits: torch.Tensor, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
+    int_array: LogitsArray, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
 ) -> None:
     """Write -inf at the few forbidden columns of each selected row."""
     if not rows.any():
         return
     index = _bit_positions(words, rows, allowed=False, num_columns=num_columns)
-    int_logits.index_put_(index, torch.tensor(neg_inf, dtype=int_logits.dtype))
+    int_array[index] = neg_inf
 
 
 def _restore_rows(
-    int_logits: torch.Tensor, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
+    int_array: LogitsArray, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
 ) -> None:
     """Fill each selected row with -inf, keeping its few allowed logits."""
     if not rows.any():
         return
     index = _bit_positions(words, rows, allowed=True, num_columns=num_columns)
-    kept = int_logits[index]
+    kept = int_array[index]
     for row in np.flatnonzero(rows).tolist():
-        int_logits[row].fill_(neg_inf)
-    int_logits.index_put_(index, kept)
+        int_array[row].fill(neg_inf)
+    int_array[index] = kept
 
 
 def _dense_rows(

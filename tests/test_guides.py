@@ -1,0 +1,163 @@
+"""Guides, configuration, bad input, JSON whitespace control and the compile cache."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from guidedec import (
+    GrammarMatcherFactory,
+    GuidedDecodingConfig,
+    GuidedDecodingParams,
+    GuideType,
+    TokenizerInfo,
+    create_grammar_matcher_factory,
+)
+from guidedec.errors import GrammarError
+from guidedec.grammar.cache import CompileCache, canonical_json_schema
+from guidedec.testing import accepts_output
+
+
+def test_params_need_exactly_one_guide() -> None:
+    with pytest.raises(ValueError, match="exactly one guide"):
+        GuidedDecodingParams()
+    with pytest.raises(ValueError, match=r"\['json_object', 'regex'\]"):
+        GuidedDecodingParams(json_object=True, regex="a")
+    with pytest.raises(ValueError, match="sequence of strings"):
+        GuidedDecodingParams(choice="abc")
+
+
+def test_params_expose_type_and_guide_text() -> None:
+    params = GuidedDecodingParams(json_schema={"type": "integer"})
+    assert params.guide_type is GuideType.JSON_SCHEMA
+    assert json.loads(str(params.guide)) == {"type": "integer"}
+    assert params == GuidedDecodingParams(json_schema='{"type": "integer"}')
+    assert hash(params) == hash(GuidedDecodingParams(json_schema='{"type": "integer"}'))
+    assert GuidedDecodingParams(choice=["a", "b"]).guide == ("a", "b")
+    assert GuidedDecodingParams(json_object=True).guide is None
+
+
+BAD_GUIDES = [
+    (GuidedDecodingParams(json_schema="{not json"), "not valid JSON"),
+    (GuidedDecodingParams(json_schema={"type": "banana"}), "json_schema"),
+    (GuidedDecodingParams(regex="[a-"), "regex"),
+    (GuidedDecodingParams(ebnf='root ::= "a" ( "b"'), "ebnf"),
+    (GuidedDecodingParams(ebnf='start ::= "a"'), "ebnf"),
+    (GuidedDecodingParams(lark="start: ("), "lark"),
+    (GuidedDecodingParams(choice=[]), "choice"),
+    (GuidedDecodingParams(structural_tag='{"type": "structural_tag", "format": 3}'), "structural"),
+]
+
+
+@pytest.mark.parametrize(("params", "needle"), BAD_GUIDES)
+def test_bad_guides_raise_grammar_error_naming_the_problem(
+    factory: GrammarMatcherFactory, params: GuidedDecodingParams, needle: str
+) -> None:
+    with pytest.raises(GrammarError) as info:
+        factory.create(params)
+    assert needle in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_backend_is_a_grammar_error(tokenizer: TokenizerInfo) -> None:
+    with pytest.raises(GrammarError, match="unknown guided decoding backend 'outlines'"):
+        GuidedDecodingConfig(backend="outlines", tokenizer=tokenizer)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_compact_json_allows_no_whitespace(
+    backend: str, make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo
+) -> None:
+    factory = make_factory(backend, "compact")
+    params = GuidedDecodingParams(json_schema={"type": "object", "properties": {"a": {}}})
+    assert accepts_output(factory, tokenizer, params, '{"a":[1,{"b":2}]}')
+    assert not accepts_output(factory, tokenizer, params, '{"a": 1}')
+    assert not accepts_output(factory, tokenizer, params, '{"a":1 }')
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_flexible_json_bounds_each_whitespace_run(
+    backend: str, make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo
+) -> None:
+    factory = make_factory(backend)
+    params = GuidedDecodingParams(json_object=True)
+    limit = 20
+    indented = json.dumps({"a": [1, {"b": [2, 3]}], "c": "d"}, indent=2)
+    assert accepts_output(factory, tokenizer, params, indented)
+    assert accepts_output(factory, tokenizer, params, "{" + " \t\r\n" * 5 + '"a": 1}')
+    assert not accepts_output(factory, tokenizer, params, "{" + " " * (limit + 1) + '"a": 1}')
+    assert not accepts_output(factory, tokenizer, params, '{"a":' + "\n" * (limit + 1) + "1}")
+
+
+def test_whitespace_limit_is_configurable(tokenizer: TokenizerInfo) -> None:
+    for backend in ("xgrammar", "llguidance"):
+        config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer, max_json_whitespace=2)
+        factory = create_grammar_matcher_factory(config)
+        params = GuidedDecodingParams(json_object=True)
+        assert accepts_output(factory, tokenizer, params, '{ "a":  1}')
+        assert not accepts_output(factory, tokenizer, params, '{   "a": 1}')
+
+
+def test_canonical_schema_ignores_key_order_except_properties() -> None:
+    a = '{"type": "object", "required": ["x"], "properties": {"x": {}, "y": {"type": "string"}}}'
+    b = '{"properties": {"x": {}, "y": {"type":"string"}}, "required": ["x"], "type": "object"}'
+    swapped = (
+        '{"type": "object", "required": ["x"], "properties": {"y": {"type": "string"}, "x": {}}}'
+    )
+    assert canonical_json_schema(a) == canonical_json_schema(b)
+    assert canonical_json_schema(a) != canonical_json_schema(swapped)
+    const_a = '{"const": {"b": 1, "a": 2}}'
+    assert canonical_json_schema(const_a) != canonical_json_schema('{"const": {"a": 2, "b": 1}}')
+    assert canonical_json_schema("not json") == "not json"
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_compile_cache_hits_for_equivalent_schemas(backend: str, tokenizer: TokenizerInfo) -> None:
+    config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)
+    factory = create_grammar_matcher_factory(config)
+    cache = factory.cache  # type: ignore[attr-defined]
+    factory.create(GuidedDecodingParams(json_schema='{"type": "object", "minProperties": 1}'))
+    factory.create(GuidedDecodingParams(json_schema={"minProperties": 1, "type": "object"}))
+    factory.create(GuidedDecodingParams(regex="a+"))
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.entries) == (1, 2, 2)
+    assert 0 < stats.size_bytes <= config.cache_limit_bytes
+
+
+def test_compile_cache_evicts_least_recently_used_within_its_byte_budget() -> None:
+    cache: CompileCache[str] = CompileCache(limit_bytes=10)
+    compiled: list[str] = []
+
+    def get(key: str, size: int) -> str:
+        def compile_fn() -> str:
+            compiled.append(key)
+            return key.upper()
+
+        return cache.get_or_compile(key, compile_fn, lambda _: size)
+
+    assert get("a", 4) == "A"
+    get("b", 4)
+    get("a", 4)  # hit: "a" becomes most recent
+    get("c", 4)  # evicts "b"
+    get("a", 4)
+    get("b", 4)  # recompiled
+    get("huge", 11)  # larger than the budget: returned, never kept
+    get("huge", 11)
+    assert compiled == ["a", "b", "c", "b", "huge", "huge"]
+    stats = cache.stats()
+    assert stats.size_bytes <= 10 and (stats.hits, stats.misses) == (2, 6)
+
+
+def test_tokenizer_info_defaults(tokenizer: TokenizerInfo) -> None:
+    assert tokenizer.vocab_size == 129_280
+    assert tokenizer.stop_token_ids == (1,)
+    text = '{"name": "Ada"}'
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        TokenizerInfo(tokenizer.hf_tokenizer, vocab_size=1000)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        TokenizerInfo(tokenizer.hf_tokenizer, stop_token_ids=[10**7])
+    padded = TokenizerInfo.from_huggingface(tokenizer.hf_tokenizer, vocab_size=129_312)
+    assert padded.vocab_size == 129_312 and padded.real_vocab_size == 129_280

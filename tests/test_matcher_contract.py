@@ -42,6 +42,36 @@ GUIDE_CASES = [
 ]
 
 
+# EBNF that only llama.cpp reads as it stands: an empty alternative, "." for any character and
+# "{,n}" (xgrammar itself refuses all three; its backend compiles normalize_ebnf of the guide).
+GBNF_ONLY = 'root ::= "<" . "|" sign digits ">"\nsign ::= | "-"\ndigits ::= [0-9]{,3}\n'
+GBNF_ONLY_VERDICTS = {
+    "<x|12>": True,
+    "<é|-7>": True,
+    "<x|>": True,
+    "<x|-123>": True,
+    "<|1>": False,
+    "<xy|1>": False,
+    "<x|1234>": False,
+    "<x|+1>": False,
+    "<x|--1>": False,
+}
+
+
+def test_llama_cpp_only_ebnf_forms_are_accepted_identically_on_xgrammar_and_llguidance(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo
+) -> None:
+    params = GuidedDecodingParams(ebnf=GBNF_ONLY)
+    verdicts = {
+        backend: {
+            text: accepts_output(make_factory(backend), tokenizer, params, text)
+            for text in GBNF_ONLY_VERDICTS
+        }
+        for backend in ("xgrammar", "llguidance")
+    }
+    assert verdicts["xgrammar"] == verdicts["llguidance"] == GBNF_ONLY_VERDICTS
+
+
 @pytest.mark.parametrize(("params", "valid", "invalid"), GUIDE_CASES)
 def test_every_guide_type_accepts_valid_and_rejects_invalid_output(
     factory: GrammarMatcherFactory, tokenizer: TokenizerInfo, params, valid: str, invalid: str

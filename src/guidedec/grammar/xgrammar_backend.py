@@ -13,7 +13,11 @@ import xgrammar as xgr
 from guidedec.errors import GrammarError
 from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.convert import choice_to_ebnf
+from guidedec.grammar.convert import (
+    choice_to_ebnf,
+    normalize_ebnf,
+    structural_tag_to_xgrammar_arg,
+)
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
@@ -112,11 +116,12 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         assert isinstance(guide, str)
         if guide_type is GuideType.REGEX:
             return self._compiler.compile_regex(guide)
-        if guide_type is GuideType.EBNF:
-            return self._compiler.compile_grammar(guide)
+        if guide_type is GuideType.EBNF:  # GBNF-only forms too, as on llguidance
+            return self._compiler.compile_grammar(normalize_ebnf(guide))
         if guide_type is GuideType.LARK:
             return self._compiler.compile_lark(guide)
-        return self._compile_structural_tag(_checked_json(guide, "structural_tag"))
+        tag = structural_tag_to_xgrammar_arg(_checked_json(guide, "structural_tag"))
+        return self._compiler.compile_structural_tag(tag)
 
     def _compile_json(self, schema: str) -> xgr.CompiledGrammar:
         limit = self.config.json_whitespace_limit
@@ -127,16 +132,6 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         return self._compiler.compile_json_schema(
             schema, any_whitespace=True, max_whitespace_cnt=limit, strict_mode=False
         )
-
-    def _compile_structural_tag(self, tag: str) -> xgr.CompiledGrammar:
-        value = json.loads(tag)
-        if isinstance(value, dict) and "structures" in value:
-            items = [
-                xgr.StructuralTagItem(begin=s["begin"], schema=s["schema"], end=s["end"])
-                for s in value["structures"]
-            ]
-            return self._compiler.compile_structural_tag(items, list(value.get("triggers", [])))
-        return self._compiler.compile_structural_tag(tag)
 
 
 def _checked_json(text: str, what: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -13,15 +14,25 @@ from pathlib import Path
 import pytest
 import torch
 
+import summary
 from guidedec import (
     GrammarMatcherFactory,
     GuidedDecodingConfig,
     TokenizerInfo,
     create_grammar_matcher_factory,
 )
+from guidedec.grammar.auto import AutoMatcherFactory
 
 BACKENDS = ("xgrammar", "llguidance", "auto")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each pytest-xdist worker is a process of its own: split the cores between them. With two
+    # workers of two torch threads each on two cores, a random-logits step ran ~2.4x slower.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,6 +52,20 @@ def tokenizer() -> TokenizerInfo:
 _factories: dict[tuple[str, str], GrammarMatcherFactory] = {}
 
 
+class SharedAutoFactory(AutoMatcherFactory):
+    """``auto`` over the session's backend factories, so that it reuses their compiled grammars
+    (an xgrammar JSON-schema compile takes ~0.1-1 s with the default 129k-token vocabulary)."""
+
+    def __init__(
+        self, config: GuidedDecodingConfig, backend: Callable[[str], GrammarMatcherFactory]
+    ) -> None:
+        super().__init__(config)
+        self._backend = backend
+
+    def factory(self, name: str) -> GrammarMatcherFactory:
+        return self._backend(name)
+
+
 @pytest.fixture(scope="session")
 def make_factory(tokenizer: TokenizerInfo) -> Callable[..., GrammarMatcherFactory]:
     """A factory per (backend, whitespace mode), shared by the whole session."""
@@ -53,7 +78,11 @@ def make_factory(tokenizer: TokenizerInfo) -> Callable[..., GrammarMatcherFactor
                 tokenizer=tokenizer,
                 json_whitespace=json_whitespace,  # type: ignore[arg-type]
             )
-            _factories[key] = create_grammar_matcher_factory(config)
+            if backend == "auto":
+                shared = functools.partial(make, json_whitespace=json_whitespace)
+                _factories[key] = SharedAutoFactory(config, shared)
+            else:
+                _factories[key] = create_grammar_matcher_factory(config)
         return _factories[key]
 
     return make
@@ -77,3 +106,7 @@ def data_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"test data not found: {path}")
     return path
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    summary.write_table(terminalreporter)

@@ -74,39 +74,20 @@ def longest_whitespace_run(text: str) -> int:
 
 # --- Regular expressions -----------------------------------------------------------------------
 
-# How Python's ``re`` must read a pattern to mean what each backend means by it, found by probing
-# both backends (see the report of tests/test_soundness.py):
-# - xgrammar reads \d \w as ASCII (JavaScript semantics), so re.ASCII; but its "." also matches
-#   "\n", so re.DOTALL; and its \s is Unicode, which no Python flag set combines with ASCII \d \w.
-# - llguidance (Rust regex) reads classes as Unicode like Python, "." without "\n" like Python; but
-#   its Unicode \w (UTS #18: marks, Join_Control) and \S (takes \x1c-\x1f) differ from Python's.
-_PYTHON_FLAGS = {"xgrammar": re.ASCII | re.DOTALL, "llguidance": 0}
-_UNREADABLE = {
-    "xgrammar": {r"\s": "xgrammar's \\s is Unicode while its \\d \\w are ASCII"},
-    "llguidance": {
-        r"\w": "Rust's Unicode \\w takes marks Python's \\w does not",
-        r"\W": "Rust's Unicode \\W differs from Python's on marks",
-        r"\S": "Rust's \\S takes \\x1c-\\x1f, Python's does not",
-        r"\b": "word boundaries follow \\w",
-    },
-}
+# Both backends read a REGEX guide as Python's ``re`` with ``re.ASCII`` reads it (see
+# guidedec.grammar.convert.regex), but for one construct: a flag group holding "i" ((?i),
+# (?si:...)), under which llguidance folds case by Unicode rules ((?i)k also matches U+212A
+# KELVIN SIGN) where re.ASCII folds ASCII letters only. xgrammar refuses inline flags.
+_CASE_INSENSITIVE = re.compile(r"(?<!\\)(?:\\\\)*\(\?[A-Za-z-]*i[A-Za-z-]*[:)]")
 
 
-def python_regex(pattern: str, backend: str) -> tuple[re.Pattern[str] | None, str]:
-    """The compiled Python reading of ``pattern`` as ``backend`` means it, or None and why not."""
-    if "[[:" in pattern:
-        return None, "POSIX class: Python reads [[:alpha:]] as a nested set"
-    for escape, reason in _UNREADABLE[backend].items():
-        if _has_escape(pattern, escape):
-            return None, reason
+def python_regex(pattern: str) -> tuple[re.Pattern[str] | None, str]:
+    """The compiled Python reading of ``pattern`` as the backends mean it, or None and why not."""
+    if _CASE_INSENSITIVE.search(pattern):
+        return None, "(?i): llguidance folds case by Unicode rules, re.ASCII by ASCII ones"
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return re.compile(pattern, _PYTHON_FLAGS[backend]), ""
+            warnings.simplefilter("ignore")  # "possible nested set": Python's reading is meant
+            return re.compile(pattern, re.ASCII), ""
     except re.error as exc:
         return None, f"Python's re cannot parse it: {exc}"
-
-
-def _has_escape(pattern: str, escape: str) -> bool:
-    """Whether ``escape`` (e.g. ``\\w``) occurs unescaped in ``pattern``."""
-    return re.search(r"(?<!\\)(?:\\\\)*" + re.escape(escape), pattern) is not None

@@ -2,10 +2,11 @@
 (samples a stop token) follows its guide, checked by an independent oracle.
 
 Oracles: ``jsonschema`` (the schema's declared draft, formats as annotations) for JSON schemas;
-Python's ``re.fullmatch`` for regexes (patterns Python reads differently are left unchecked, with
-the reason); the *other* backend for EBNF and Lark grammars (plus ``json.loads`` and the root's
-type for the JSON ones, which judge alone where the other backend refuses the grammar). Guides
-a backend refuses are counted, not failed. Counts go to the session summary.
+``re.fullmatch(..., re.ASCII)`` for regexes, the reading both backends follow (patterns Python
+cannot parse, and ``(?i)`` ones, are left unchecked with the reason); the *other* backend for
+EBNF and Lark grammars (plus ``json.loads`` and the root's type for the JSON ones, which judge
+alone where the other backend refuses the grammar). Guides a backend refuses are counted, not
+failed. Counts go to the session summary.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class Oracle:
         if case.kind == "json":
             return json_schema_verdict(case.guide, text, max_whitespace=self.max_json_whitespace)
         if case.kind == "regex":
-            pattern, why_not = python_regex(case.guide, enforced_by)
+            pattern, why_not = python_regex(case.guide)
             if pattern is None:
                 return f"{UNCHECKED}: {why_not}"
             return None if pattern.fullmatch(text) else "re.fullmatch fails"

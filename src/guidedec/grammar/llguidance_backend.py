@@ -14,7 +14,12 @@ import torch
 from guidedec.errors import GrammarError, MatcherError
 from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.convert import choice_to_lark, ebnf_to_lark, structural_tag_to_lark
+from guidedec.grammar.convert import (
+    choice_to_lark,
+    ebnf_to_lark,
+    regex_for_llguidance,
+    structural_tag_to_lark,
+)
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
@@ -150,7 +155,7 @@ class LLGuidanceMatcherFactory(GrammarMatcherFactory):
             return llg.LLMatcher.grammar_from_lark(choice_to_lark(guide))
         assert isinstance(guide, str)
         if guide_type is GuideType.REGEX:
-            return llg.LLMatcher.grammar_from_regex(guide)
+            return llg.LLMatcher.grammar_from_regex(regex_for_llguidance(guide))
         if guide_type is GuideType.EBNF:
             return llg.LLMatcher.grammar_from_lark(ebnf_to_lark(guide))
         if guide_type is GuideType.LARK:

@@ -15,9 +15,11 @@ class GuideType(enum.Enum):
     """The kinds of guide guidedec enforces, on every backend.
 
     JSON_OBJECT: any JSON object. JSON_SCHEMA: a JSON value valid under a JSON Schema.
-    REGEX: a full match of a regular expression. EBNF: a GBNF/EBNF grammar in the dialect of
-    xgrammar and llama.cpp (root rule ``root``). LARK: a Lark grammar (llguidance's dialect, root
-    rule ``start``). CHOICE: exactly one of a list of strings. STRUCTURAL_TAG: free text with
+    REGEX: a full match of a regular expression, read as ``re.fullmatch(pattern, text, re.ASCII)``
+    reads it (``.`` excludes ``"\\n"``, ``\\d \\w \\s`` are ASCII; see
+    :mod:`guidedec.grammar.convert.regex`). EBNF: a GBNF/EBNF grammar in the dialect of xgrammar
+    and llama.cpp (root rule ``root``). LARK: a Lark grammar (llguidance's dialect, root rule
+    ``start``). CHOICE: exactly one of a list of strings. STRUCTURAL_TAG: free text with
     structured segments, in xgrammar's structural-tag format.
     """
 
@@ -37,7 +39,8 @@ class GuidedDecodingParams:
     Args:
         json_object: Any JSON object.
         json_schema: A JSON Schema, as a dict or a JSON string.
-        regex: A regular expression the whole output must match.
+        regex: A regular expression the whole output must match, as Python's ``re.fullmatch``
+            with ``re.ASCII`` reads it.
         ebnf: An EBNF/GBNF grammar (xgrammar / llama.cpp dialect).
         lark: A Lark grammar (llguidance dialect).
         choice: The allowed outputs, as literal strings.

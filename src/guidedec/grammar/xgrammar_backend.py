@@ -16,6 +16,7 @@ from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import (
     choice_to_ebnf,
     normalize_ebnf,
+    regex_for_xgrammar,
     structural_tag_to_xgrammar_arg,
 )
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
@@ -115,7 +116,7 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
             return self._compiler.compile_grammar(choice_to_ebnf(guide))
         assert isinstance(guide, str)
         if guide_type is GuideType.REGEX:
-            return self._compiler.compile_regex(guide)
+            return self._compiler.compile_regex(regex_for_xgrammar(guide))
         if guide_type is GuideType.EBNF:  # GBNF-only forms too, as on llguidance
             return self._compiler.compile_grammar(normalize_ebnf(guide))
         if guide_type is GuideType.LARK:

@@ -17,7 +17,8 @@ choice list, free text that runs to the end of the grammar, and free text bounde
 that cannot overlap (see :func:`structural_tag_to_lark`).
 
 Modules: ``ebnf_ast`` (syntax tree), ``ebnf_lexer`` and ``ebnf_parser`` (reading EBNF),
-``ebnf_writers`` (xgrammar EBNF and Lark out), ``choice`` (CHOICE guides), ``structural_tag``
+``ebnf_writers`` (xgrammar EBNF and Lark out), ``choice`` (CHOICE guides), ``regex`` (REGEX
+guides, read as Python's ``re`` with ``re.ASCII`` on both backends), ``structural_tag``
 (entry points for structural tags), written by the layers ``tag_writer`` (basic formats),
 ``tag_combinators`` and ``tag_dispatch``, with the helpers ``tag_tail``, ``tag_fields``,
 ``tag_free_text``, ``tag_json`` and ``tag_analysis``.
@@ -41,6 +42,7 @@ from guidedec.grammar.convert.ebnf_writers import LarkWriter as LarkWriter
 from guidedec.grammar.convert.ebnf_writers import ebnf_to_lark, normalize_ebnf
 from guidedec.grammar.convert.ebnf_writers import lark_literal as lark_literal
 from guidedec.grammar.convert.ebnf_writers import xgrammar_literal as xgrammar_literal
+from guidedec.grammar.convert.regex import regex_for_llguidance, regex_for_xgrammar
 from guidedec.grammar.convert.structural_tag import (
     structural_tag_to_lark,
     structural_tag_to_xgrammar_arg,
@@ -53,6 +55,8 @@ __all__ = [
     "choice_to_lark",
     "ebnf_to_lark",
     "normalize_ebnf",
+    "regex_for_llguidance",
+    "regex_for_xgrammar",
     "structural_tag_to_lark",
     "structural_tag_to_xgrammar_arg",
 ]

@@ -213,3 +213,18 @@ def test_rollback_past_the_first_token_is_a_value_error(
         matcher.rollback(-1)
     matcher.rollback(1)
     assert feed_tokens(matcher, tokenizer.encode("ab")) == 1
+
+
+def test_special_tokens_never_match_their_text(
+    factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
+) -> None:
+    placeholder = 128_000  # '<｜place▁holder▁no▁0｜>', a special added token
+    assert tokenizer.hf_tokenizer.added_tokens_decoder[placeholder].special
+    matcher = factory.create(GuidedDecodingParams(json_schema={"type": "string"}))
+    prefix = tokenizer.encode('"a')
+    assert feed_tokens(matcher, prefix) == len(prefix)
+    for special in (tokenizer.eos_token_id, placeholder):
+        assert not matcher.accept_token(special)
+    assert not factory.create(GuidedDecodingParams(regex=".+")).accept_token(
+        tokenizer.eos_token_id
+    )

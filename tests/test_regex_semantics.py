@@ -195,8 +195,6 @@ def test_both_backends_agree_with_python_on_generated_patterns(
     pattern, text = case
     expected = python_verdict(pattern, text)
     for backend in BACKENDS:
-        if backend == "xgrammar" and stop_text_completes_match(tokenizer, pattern, text):
-            continue  # the stop-token bug of the xfail test below, not a reading of the regex
         verdict = accepts(make_factory(backend), tokenizer, pattern, text)
         assert verdict is expected, f"{backend}: {pattern!r} on {text!r}"
 
@@ -206,11 +204,6 @@ def stop_text_completes_match(tokenizer: TokenizerInfo, pattern: str, text: str)
     return python_verdict(pattern, text + stop_text) and not python_verdict(pattern, text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="xgrammar 0.2.9 also reads a stop token as its text ('<｜end▁of▁sentence｜>' here), "
-    "so it accepts the stop token where that text would complete a match: '.+' ends empty",
-)
 @pytest.mark.parametrize(("pattern", "text"), [(r".+", ""), (r"a\S+", "a"), (r".{19}", "")])
 def test_xgrammar_refuses_stop_token_whose_text_would_complete_the_match(
     pattern: str,
@@ -218,5 +211,7 @@ def test_xgrammar_refuses_stop_token_whose_text_would_complete_the_match(
     make_factory: Callable[..., GrammarMatcherFactory],
     tokenizer: TokenizerInfo,
 ) -> None:
+    # xgrammar 0.2.9 reads a token as its text unless the vocabulary gives it none: guidedec
+    # blanks the special tokens, so '<｜end▁of▁sentence｜>' can no longer complete '.+'.
     assert stop_text_completes_match(tokenizer, pattern, text)
     assert not accepts(make_factory("xgrammar"), tokenizer, pattern, text)

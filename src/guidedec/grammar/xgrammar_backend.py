@@ -58,15 +58,40 @@ class XGrammarMatcher(GrammarMatcher):
 
 
 def xgrammar_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
-    """xgrammar's view of ``tokenizer`` (built once per TokenizerInfo)."""
-    return tokenizer.backend_object(
-        BACKEND,
-        lambda: xgr.TokenizerInfo.from_huggingface(
-            tokenizer.hf_tokenizer,
-            vocab_size=tokenizer.vocab_size,
-            stop_token_ids=list(tokenizer.stop_token_ids),
-        ),
+    """xgrammar's view of ``tokenizer`` (built once per TokenizerInfo).
+
+    Special tokens (the stop tokens among them) are given no text, so that they never match
+    text inside a grammar (xgrammar would otherwise accept ``<｜end▁of▁sentence｜>`` wherever its
+    characters fit, e.g. inside a JSON string); llguidance treats them the same way.
+    """
+    return tokenizer.backend_object(BACKEND, lambda: _build_tokenizer_info(tokenizer))
+
+
+def _build_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
+    hf = tokenizer.hf_tokenizer
+    detected = xgr.TokenizerInfo.from_huggingface(
+        hf, vocab_size=tokenizer.vocab_size, stop_token_ids=list(tokenizer.stop_token_ids)
     )
+    encoded_vocab = [""] * tokenizer.vocab_size
+    for text, token_id in hf.get_vocab().items():
+        if token_id < tokenizer.vocab_size:
+            encoded_vocab[token_id] = text
+    for token_id in special_token_ids(tokenizer):
+        encoded_vocab[token_id] = ""
+    return xgr.TokenizerInfo(
+        encoded_vocab,
+        detected.vocab_type,
+        vocab_size=tokenizer.vocab_size,
+        stop_token_ids=list(tokenizer.stop_token_ids),
+        add_prefix_space=detected.add_prefix_space,
+    )
+
+
+def special_token_ids(tokenizer: TokenizerInfo) -> set[int]:
+    """The stop tokens and the tokenizer's special added tokens."""
+    added = tokenizer.hf_tokenizer.added_tokens_decoder
+    special = {int(i) for i, token in added.items() if getattr(token, "special", False)}
+    return {i for i in special | set(tokenizer.stop_token_ids) if i < tokenizer.vocab_size}
 
 
 class XGrammarMatcherFactory(GrammarMatcherFactory):

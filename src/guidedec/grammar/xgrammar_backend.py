@@ -60,9 +60,11 @@ class XGrammarMatcher(GrammarMatcher):
 def xgrammar_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
     """xgrammar's view of ``tokenizer`` (built once per TokenizerInfo).
 
-    Special tokens (the stop tokens among them) are given no text, so that they never match
-    text inside a grammar (xgrammar would otherwise accept ``<｜end▁of▁sentence｜>`` wherever its
-    characters fit, e.g. inside a JSON string); llguidance treats them the same way.
+    The stop tokens are given no text, so that they never match text inside a grammar: xgrammar
+    would otherwise accept ``<｜end▁of▁sentence｜>`` wherever its characters fit, e.g. to
+    complete ``.+`` with nothing before it. Other special tokens keep their text: xgrammar never
+    accepts a token without text, and token-level grammars and structural tags (``<[id]>``,
+    ``token`` formats) must still be able to name them.
     """
     return tokenizer.backend_object(BACKEND, lambda: _build_tokenizer_info(tokenizer))
 
@@ -76,7 +78,7 @@ def _build_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
     for text, token_id in hf.get_vocab().items():
         if token_id < tokenizer.vocab_size:
             encoded_vocab[token_id] = text
-    for token_id in special_token_ids(tokenizer):
+    for token_id in tokenizer.stop_token_ids:
         encoded_vocab[token_id] = ""
     return xgr.TokenizerInfo(
         encoded_vocab,
@@ -85,13 +87,6 @@ def _build_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
         stop_token_ids=list(tokenizer.stop_token_ids),
         add_prefix_space=detected.add_prefix_space,
     )
-
-
-def special_token_ids(tokenizer: TokenizerInfo) -> set[int]:
-    """The stop tokens and the tokenizer's special added tokens."""
-    added = tokenizer.hf_tokenizer.added_tokens_decoder
-    special = {int(i) for i, token in added.items() if getattr(token, "special", False)}
-    return {i for i in special | set(tokenizer.stop_token_ids) if i < tokenizer.vocab_size}
 
 
 class XGrammarMatcherFactory(GrammarMatcherFactory):

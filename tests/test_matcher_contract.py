@@ -222,6 +222,4 @@ def test_stop_tokens_never_match_their_text(
     prefix = tokenizer.encode('"a')
     assert feed_tokens(matcher, prefix) == len(prefix)
     assert not matcher.accept_token(tokenizer.eos_token_id)  # not as '<｜end▁of▁sentence｜>'
-    assert not factory.create(GuidedDecodingParams(regex=".+")).accept_token(
-        tokenizer.eos_token_id
-    )
+    assert not factory.create(GuidedDecodingParams(regex=".+")).accept_token(tokenizer.eos_token_id)

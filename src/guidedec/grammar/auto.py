@@ -1,100 +1,52 @@
 """``backend="auto"``: per guide, the backend that enforces it exactly, with fallback.
 
-Policy (measured on JSONSchemaBench; see ``docs/auto-backend.md``):
+The order comes from :func:`guidedec.grammar.auto_policy.backend_order` (measured on
+JSONSchemaBench; see ``docs/auto-backend.md``):
 
-* xgrammar first for every guide it enforces exactly, because its masks are several times
-  faster; llguidance when xgrammar refuses the guide.
-* llguidance first for Lark grammars (its own dialect) and for JSON schemas that use a feature
+* xgrammar first for every guide it enforces exactly, because its masks are faster; llguidance
+  when xgrammar refuses the guide.
+* llguidance first for Lark grammars (its own dialect), for JSON schemas that use a construct
   xgrammar only approximates (it would accept invalid output or reject valid output), because
-  llguidance refuses what it cannot enforce; xgrammar when llguidance refuses the guide.
+  llguidance refuses what it cannot enforce, and for JSON schemas whose xgrammar compile would
+  take seconds; xgrammar when llguidance refuses the guide.
+
+The backend that compiled a guide is remembered, so later requests skip the policy.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
-from typing import Any
+from collections.abc import Hashable
 
 from guidedec.errors import GrammarError
+from guidedec.grammar.auto_policy import (
+    LLGUIDANCE,
+    XGRAMMAR,
+    XGRAMMAR_INEXACT_KEYWORDS,
+    backend_order,
+    xgrammar_inexact_reason,
+    xgrammar_is_exact,
+    xgrammar_too_costly,
+)
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
-from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.params import GuidedDecodingParams
 
-XGRAMMAR = "xgrammar"
-LLGUIDANCE = "llguidance"
 _MAX_REMEMBERED_CHOICES = 65536
 
-# JSON Schema keywords that xgrammar 0.2 accepts but does not enforce exactly.
-XGRAMMAR_INEXACT_KEYWORDS = frozenset(
-    {
-        "oneOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "uniqueItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "multipleOf",
-        "propertyNames",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "format",
-    }
-)
-# String constraints that xgrammar cannot combine with a ``pattern``.
-_LENGTH_KEYWORDS = ("minLength", "maxLength")
-
-
-def schema_keywords(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every ``(keyword, enclosing schema object)`` of a JSON schema, data values excluded."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                yield key, node
-                if key in ("const", "enum", "default", "examples"):
-                    continue
-                if key in ("properties", "patternProperties", "$defs", "definitions"):
-                    if isinstance(value, dict):
-                        stack.extend(value.values())
-                    continue
-                stack.append(value)
-
-
-def xgrammar_is_exact(schema_text: str) -> bool:
-    """Whether xgrammar enforces this JSON schema exactly (no keyword it only approximates)."""
-    try:
-        schema = json.loads(schema_text)
-    except (json.JSONDecodeError, RecursionError):
-        return True  # both backends will reject it; xgrammar names the problem
-    for key, node in schema_keywords(schema):
-        if key in XGRAMMAR_INEXACT_KEYWORDS:
-            return False
-        if key == "pattern" and any(k in node for k in _LENGTH_KEYWORDS):
-            return False
-    return True
-
-
-def backend_order(params: GuidedDecodingParams) -> tuple[str, str]:
-    """The backends ``auto`` tries for ``params``, best first."""
-    if params.guide_type is GuideType.LARK:
-        return (LLGUIDANCE, XGRAMMAR)
-    if params.guide_type is GuideType.JSON_SCHEMA:
-        assert isinstance(params.guide, str)
-        if not xgrammar_is_exact(params.guide):
-            return (LLGUIDANCE, XGRAMMAR)
-    return (XGRAMMAR, LLGUIDANCE)
+__all__ = [
+    "LLGUIDANCE",
+    "XGRAMMAR",
+    "XGRAMMAR_INEXACT_KEYWORDS",
+    "AutoMatcherFactory",
+    "backend_order",
+    "build_backend_factory",
+    "xgrammar_inexact_reason",
+    "xgrammar_is_exact",
+    "xgrammar_too_costly",
+]
 
 
 class AutoMatcherFactory(GrammarMatcherFactory):

@@ -190,10 +190,13 @@ class _Template:
 
 
 def _json_options(config: GuidedDecodingConfig) -> Any:
+    # llguidance's JSON strings take ``\u`` escapes only for control characters unless told
+    # otherwise; ``json.dumps("é")`` writes ``"\u00e9"``, and xgrammar accepts it.
+    options: dict[str, Any] = {"json_allow_general_unicode_escapes": True}
     limit = config.json_whitespace_limit
     if limit == 0:
-        return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-    return {
+        return options | {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+    return options | {
         "whitespace_flexible": True,
         "whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{limit}}}",
     }

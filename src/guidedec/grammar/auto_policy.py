@@ -14,13 +14,14 @@ JSONSchemaBench with xgrammar 0.2.9 and llguidance 1.9.1: see ``docs/auto-backen
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from itertools import combinations
 from typing import Any
 
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import (
     Schema,
+    anchored,
     exclusive,
     json_type,
     property_names,
@@ -229,60 +230,6 @@ def keyword_reason(node: Schema, root: Any) -> str | None:
 def admits(node: Schema, json_type_name: str) -> bool:
     declared = node.get("type")
     return declared == json_type_name or (isinstance(declared, list) and json_type_name in declared)
-
-
-def anchored(pattern: str) -> bool:
-    """Whether every top-level alternative of ``pattern`` is ``^...$`` (optionally inside one
-    group), so that searching for it and matching it whole are the same."""
-    return all(anchored_alternative(alt) for alt in top_level_alternatives(pattern))
-
-
-def top_level_alternatives(pattern: str) -> list[str]:
-    """``pattern`` split at the ``|`` outside groups and character classes."""
-    parts, start = [], 0
-    for i, depth in regex_depths(pattern):
-        if depth == 0 and pattern[i] == "|":
-            parts.append(pattern[start:i])
-            start = i + 1
-    return [*parts, pattern[start:]]
-
-
-def regex_depths(pattern: str) -> Iterator[tuple[int, int]]:
-    """``(index, group depth)`` of every character outside escapes and character classes,
-    the depth counted after the character."""
-    depth, in_class, escaped = 0, False, False
-    for i, char in enumerate(pattern):
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        else:
-            depth += {"(": 1, ")": -1}.get(char, 0)
-            yield i, depth
-
-
-def anchored_alternative(alternative: str) -> bool:
-    while encloses(alternative):
-        inner = alternative[1:-1]
-        alternative = inner[2:] if inner.startswith("?:") else inner
-    return (
-        alternative.startswith("^")
-        and alternative.endswith("$")
-        and not alternative.endswith("\\$")
-        and len(top_level_alternatives(alternative)) == 1
-    )
-
-
-def encloses(pattern: str) -> bool:
-    """Whether ``pattern`` is one group: its first ``(`` closes at its last character."""
-    if not (pattern.startswith("(") and pattern.endswith(")")):
-        return False
-    closed_at = next((i for i, depth in regex_depths(pattern) if depth == 0), None)
-    return closed_at == len(pattern) - 1
 
 
 RULES: tuple[Callable[[Schema, Any], str | None], ...] = (

@@ -1,5 +1,6 @@
-"""Reading JSON schemas: their sub-schemas, local ``$ref`` s, the types they admit, and whether
-two of them exclude each other. Used by the ``auto`` policy; no backend involved."""
+"""Reading JSON schemas: their sub-schemas, local ``$ref`` s, the types they admit, whether two
+of them exclude each other, and whether a ``pattern`` is anchored. Used by the ``auto`` policy;
+no backend involved."""
 
 from __future__ import annotations
 
@@ -180,3 +181,60 @@ def forbids_required(a: Schema, b: Schema) -> bool:
     if b.get("additionalProperties") is not False or "patternProperties" in b:
         return False
     return bool(required(a) - property_names(b))
+
+
+# --- pattern: searching equals matching whole when every alternative is anchored ------------
+
+
+def anchored(pattern: str) -> bool:
+    """Whether every top-level alternative of ``pattern`` is ``^...$`` (optionally inside one
+    group), so that searching for it and matching it whole are the same."""
+    return all(anchored_alternative(alt) for alt in top_level_alternatives(pattern))
+
+
+def top_level_alternatives(pattern: str) -> list[str]:
+    """``pattern`` split at the ``|`` outside groups and character classes."""
+    parts, start = [], 0
+    for i, depth in regex_depths(pattern):
+        if depth == 0 and pattern[i] == "|":
+            parts.append(pattern[start:i])
+            start = i + 1
+    return [*parts, pattern[start:]]
+
+
+def regex_depths(pattern: str) -> Iterator[tuple[int, int]]:
+    """``(index, group depth)`` of every character outside escapes and character classes,
+    the depth counted after the character."""
+    depth, in_class, escaped = 0, False, False
+    for i, char in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        else:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            yield i, depth
+
+
+def anchored_alternative(alternative: str) -> bool:
+    while encloses(alternative):
+        inner = alternative[1:-1]
+        alternative = inner[2:] if inner.startswith("?:") else inner
+    return (
+        alternative.startswith("^")
+        and alternative.endswith("$")
+        and not alternative.endswith("\\$")
+        and len(top_level_alternatives(alternative)) == 1
+    )
+
+
+def encloses(pattern: str) -> bool:
+    """Whether ``pattern`` is one group: its first ``(`` closes at its last character."""
+    if not (pattern.startswith("(") and pattern.endswith(")")):
+        return False
+    closed_at = next((i for i, depth in regex_depths(pattern) if depth == 0), None)
+    return closed_at == len(pattern) - 1

@@ -1,272 +1,224 @@
-"""GuidedDecoder: grammar matchers per sequence slot, host bitmask build, copy, apply.
+"""GuidedDecoder: the batched step plus speculative decoding's draft loop and rollbacks.
 
-One step: ``add_batch(snapshots)`` -> ``build()`` (host: advance matchers, fill bitmask rows,
-check each row) -> ``copy_bitmask()`` -> ``apply_bitmask(logits)``; ``execute(logits)`` does all
-three after ``add_batch``. Failures are returned as ``(request_id, message)`` and never raised:
-the engine finishes those requests after sampling, and the rest of the batch goes on.
+A verification step advances each matcher through its new (golden) token and then its draft
+tokens, filling one row per position. Afterwards the matcher must return to the accepted prefix:
+
+- drafter without logits (n-gram, prompt lookup): ``execute(target_logits)``, verify, then
+  ``rollback_rejected_batch(num_accepted_tokens)``;
+- drafter with logits (a draft model): ``execute(target_logits)``, verify, then per draft step
+  ``add_draft_batch(...)`` and ``execute_draft_batch(draft_logits, draft_step=...)``, which rolls
+  back the rejected tokens at step 0 and everything the drafting loop advanced at its last step;
+- or, by hand: ``add_batch`` with ``num_accepted_draft_tokens`` set, ``rollback_rejected_tokens()``,
+  the drafting loop, then ``rollback_draft_tokens()`` before the next target build.
+
+Invariant: whenever the next build starts, each matcher's state is that of a fresh matcher fed
+exactly the request's accepted tokens up to (not including) its new token.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from guidedec.bitmask import allocate_bitmask, apply_bitmask, row_has_valid_token
-from guidedec.decoder.profiling import nvtx_range
+from guidedec.decoder.base import (
+    BaseGuidedDecoder,
+    DecoderStats,
+    Failure,
+    RequestError,
+    failure_message,
+)
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.errors import GuidedecError
-from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
-Failure = tuple[int, str]
+__all__ = ["DecoderStats", "Failure", "GuidedDecoder", "RequestError"]
 
-
-class RequestError(GuidedecError):
-    """Why one request cannot go on; collected by ``build``, never raised to the caller."""
+TokenCounts = Sequence[int] | torch.Tensor
 
 
-@dataclass(slots=True)
-class DecoderStats:
-    """Timings of the last step, in seconds, and running totals."""
+class GuidedDecoder(BaseGuidedDecoder):
+    """Batched guided decoding with speculative decoding (draft rows, accounting, rollback).
 
-    build_s: float = 0.0
-    apply_s: float = 0.0
-    steps: int = 0
-    rows_filled: int = 0
-    failures: int = 0
-
-
-class GuidedDecoder:
-    """Batched guided decoding over ``max_num_sequences`` sequence slots.
-
-    Buffers: ``max_num_sequences * (max_num_draft_tokens + 1)`` bitmask rows of
-    ``ceil(vocab_size / 32)`` int32 words, and an int32 ``token_mask`` per row (1 = apply the row).
-    Per slot counters, for speculative decoding: ``num_advanced_tokens`` (matcher advances in this
-    build), ``num_guided_tokens`` (rows filled in this build), ``num_advanced_draft_tokens``
-    (advances during a drafting loop) and ``is_draft_terminated``.
-
-    Args:
-        config: Backend, tokenizer and cache settings.
-        max_num_sequences: Number of sequence slots (the engine's batch capacity).
-        max_num_draft_tokens: Draft tokens per sequence in speculative decoding (0: none).
-        vocab_size: Width of the logits; must equal ``config.tokenizer.vocab_size``.
-        device: Where the logits live; the host buffers are pinned when it is a CUDA device.
+    See :class:`BaseGuidedDecoder` for the buffers and the step, and the module docstring for the
+    order of calls in a speculative step. Every method that touches matchers returns the requests
+    that cannot go on as ``(request_id, message)``; none raises for one request's sake.
     """
 
-    def __init__(
-        self,
-        *,
-        config: GuidedDecodingConfig,
-        max_num_sequences: int,
-        max_num_draft_tokens: int = 0,
-        vocab_size: int,
-        device: str | torch.device = "cpu",
-        factory: GrammarMatcherFactory | None = None,
-    ) -> None:
-        if vocab_size != config.tokenizer.vocab_size:
-            raise ValueError(
-                f"vocab_size={vocab_size} differs from the tokenizer's padded vocab_size="
-                f"{config.tokenizer.vocab_size}; build TokenizerInfo with vocab_size={vocab_size}"
-            )
-        if max_num_sequences <= 0 or max_num_draft_tokens < 0:
-            raise ValueError("max_num_sequences must be > 0 and max_num_draft_tokens >= 0")
-        self.config = config
-        self.max_num_sequences = max_num_sequences
-        self.max_num_draft_tokens = max_num_draft_tokens
-        self.vocab_size = vocab_size
-        self.device = torch.device(device)
-        self.factory = factory if factory is not None else create_grammar_matcher_factory(config)
-        self._allocate_buffers()
-        self.grammar_matchers: list[GrammarMatcher | None] = [None] * max_num_sequences
-        self.num_advanced_tokens = [0] * max_num_sequences
-        self.num_guided_tokens = [0] * max_num_sequences
-        self.num_advanced_draft_tokens = [0] * max_num_sequences
-        self.is_draft_terminated = [False] * max_num_sequences
-        self.requests: GuidedRequests | None = None
-        self.stats = DecoderStats()
+    _draft_new_tokens: list[int] | None = None
+    _draft_num_accepted: list[int] | None = None
+    _draft_step: int = -1
 
-    @property
-    def max_num_rows(self) -> int:
-        """Bitmask rows: one per sequence position (new token + each draft token)."""
-        return self.max_num_sequences * (self.max_num_draft_tokens + 1)
+    def rollback_rejected_tokens(self) -> list[Failure]:
+        """Roll each matcher back to the tokens the target accepted in the last verification.
 
-    def _allocate_buffers(self) -> None:
-        rows, on_cuda = self.max_num_rows, self.device.type == "cuda"
-        self.bitmask_host = allocate_bitmask(rows, self.vocab_size, pin_memory=on_cuda)
-        self.token_mask_host = torch.zeros(rows, dtype=torch.int32, pin_memory=on_cuda)
-        if on_cuda:
-            self.bitmask = torch.empty_like(self.bitmask_host, device=self.device)
-            self.token_mask = torch.empty_like(self.token_mask_host, device=self.device)
-        else:
-            self.bitmask, self.token_mask = self.bitmask_host, self.token_mask_host
-
-    def add_batch(self, requests: Sequence[GuidedRequest]) -> None:
-        """Snapshot this step's scheduled requests, in logits-row order."""
-        batch = GuidedRequests(list(requests), self.max_num_draft_tokens)
-        if batch.num_bitmask_tokens > self.max_num_rows:
-            raise ValueError(
-                f"batch needs {batch.num_bitmask_tokens} bitmask rows; the decoder has "
-                f"{self.max_num_rows} (max_num_sequences * (max_num_draft_tokens + 1))"
-            )
-        for req in batch.requests:
-            if not 0 <= req.seq_slot < self.max_num_sequences:
-                raise ValueError(f"request {req.request_id}: seq_slot {req.seq_slot} out of range")
-        self.requests = batch
-
-    def build(self) -> list[Failure]:
-        """Advance every guided request's matcher and fill its bitmask rows (host side).
-
-        Returns the requests that cannot go on, as ``(request_id, message)``; their rows are
-        left unmasked (never all-forbidden), so their logits never become NaN.
+        Call after verification, with the batch of ``add_batch`` carrying each request's
+        ``num_accepted_draft_tokens``, and before the first build of the next drafting loop (or
+        the next target build when there is none). A second call before the next build does
+        nothing.
         """
         batch = self._batch()
-        start = time.perf_counter()
-        with nvtx_range("guided_decoder.build"):
-            failures = self._build(batch)
-        self.stats.build_s = time.perf_counter() - start
-        self.stats.steps += 1
-        self.stats.failures += len(failures)
-        return failures
+        counts = [1 + req.num_accepted_draft_tokens for req in batch.requests]
+        return self._rollback_rejected(batch.requests, counts)
 
-    def _build(self, batch: GuidedRequests) -> list[Failure]:
-        self.token_mask_host[: batch.num_bitmask_tokens].fill_(0)
+    def rollback_rejected_batch(self, num_accepted_tokens: TokenCounts) -> list[Failure]:
+        """Restore the accepted prefix right after verification, for drafters without a logits
+        loop (n-gram, prompt lookup), which never call ``execute_draft_batch``.
+
+        Args:
+            num_accepted_tokens: Per request of the verified batch (the last ``add_batch``), in
+                batch order: the tokens verification accepted, counting the new token (so
+                ``1 + accepted drafts``; the bonus token sampled after them is not fed yet).
+        """
+        batch = self._batch()
+        counts = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")
+        return self._rollback_rejected(batch.requests, counts)
+
+    def rollback_draft_tokens(self) -> list[Failure]:
+        """Undo everything the drafting loop advanced and reset its state.
+
+        Call after the drafting loop and before the target build that verifies its drafts.
+        ``execute_draft_batch`` does it at its last step; call it yourself when a drafting loop
+        ends early.
+        """
         failures: list[Failure] = []
-        for req, offset in batch.valid_requests_with_offsets():
+        if self.max_num_draft_tokens == 0:
+            return failures
+        for req in self._batch().valid_requests():
             slot = req.seq_slot
+            advanced = self.num_advanced_draft_tokens[slot]
+            self.num_advanced_draft_tokens[slot] = 0
             self.num_advanced_tokens[slot] = 0
-            self.num_guided_tokens[slot] = 0
+            self.is_draft_terminated[slot] = False
+            matcher = self.grammar_matchers[slot]
+            if advanced <= 0 or matcher is None:
+                continue
             try:
-                self._build_request(req, offset)
+                matcher.rollback(advanced)
             except (GuidedecError, ValueError, RuntimeError) as exc:
-                failures.append((req.request_id, _failure_message(req, exc)))
+                failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)
         return failures
 
-    def _build_request(self, req: GuidedRequest, offset: int) -> None:
-        init, advance = req.require_matcher_init(), req.require_matcher_advance()
-        if not (init or advance):
-            return
-        slot = req.seq_slot
-        if init:
-            assert req.guided_decoding_params is not None
-            self.grammar_matchers[slot] = None
-            self.grammar_matchers[slot] = self.factory.create(req.guided_decoding_params)
-        matcher = self.grammar_matchers[slot]
-        if matcher is None:
-            raise RequestError("has no grammar matcher (its creation failed earlier)")
-        if advance and not self._advance(req, matcher):
-            return
-        if not matcher.is_terminated() and self._fill_row(req, matcher, offset):
-            self._fill_draft_rows(req, matcher, offset)
-        if req.is_draft:
-            self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
+    def add_draft_batch(
+        self,
+        new_tokens: TokenCounts,
+        num_accepted_tokens: TokenCounts | None = None,
+        *,
+        draft_step: int,
+    ) -> None:
+        """Hand the drafting loop's inputs to the next ``execute_draft_batch``.
 
-    def _advance(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
-        """Feed ``new_token``; False when a draft request's guiding stops here."""
-        slot = req.seq_slot
-        if req.is_draft and self.is_draft_terminated[slot]:
-            return False
-        if req.new_token is None:
-            raise RequestError("is generating but carries no new_token")
-        if not matcher.accept_token(req.new_token):
-            if req.is_draft:
-                self.is_draft_terminated[slot] = True
-                return False
-            raise RequestError(f"sampled token {req.new_token} is rejected by its grammar")
-        self.num_advanced_tokens[slot] += 1
-        return True
-
-    def _fill_row(self, req: GuidedRequest, matcher: GrammarMatcher, offset: int) -> bool:
-        """Fill the new-token row; False when a draft request's guiding stops here."""
-        slot = req.seq_slot
-        matcher.fill_next_token_bitmask(self.bitmask_host, offset)
-        if not row_has_valid_token(self.bitmask_host[offset], self.vocab_size):
-            if req.is_draft:
-                self.is_draft_terminated[slot] = True
-                return False
-            raise RequestError("reached a grammar state that allows no token (dead end)")
-        self.token_mask_host[offset] = 1
-        self.num_guided_tokens[slot] += 1
-        self.stats.rows_filled += 1
-        return True
-
-    def _fill_draft_rows(self, req: GuidedRequest, matcher: GrammarMatcher, offset: int) -> None:
-        """Advance through the draft tokens, filling the row of each next position.
-
-        Stops at a rejected draft token, at termination, or at a dead-end row: the remaining
-        draft positions stay unconstrained and are verified as usual.
+        Args:
+            new_tokens: Per request of the batch, in batch order, the token the draft model
+                consumes at this step: at step 0 the bonus token sampled in verification, then
+                the draft token sampled at the previous step.
+            num_accepted_tokens: Step 0 only: per request, the tokens verification accepted,
+                counting the new token (``1 + accepted drafts``).
+            draft_step: 0 for the first step of the drafting loop.
         """
-        slot = req.seq_slot
-        for i, token in enumerate(req.draft_tokens[: self.max_num_draft_tokens], 1):
-            if not matcher.accept_token(token):
-                break
-            self.num_advanced_tokens[slot] += 1
-            if matcher.is_terminated():
-                break
-            matcher.fill_next_token_bitmask(self.bitmask_host, offset + i)
-            if not row_has_valid_token(self.bitmask_host[offset + i], self.vocab_size):
-                break
-            self.token_mask_host[offset + i] = 1
-            self.num_guided_tokens[slot] += 1
-            self.stats.rows_filled += 1
+        batch = self._batch()
+        self._draft_new_tokens = _int_list(new_tokens, len(batch), "new_tokens")
+        if draft_step == 0:
+            if num_accepted_tokens is None:
+                raise ValueError("draft_step 0 needs num_accepted_tokens")
+            counts = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")
+            self._draft_num_accepted = counts
+        self._draft_step = draft_step
 
-    def _forget(self, req: GuidedRequest) -> None:
-        """Drop a failed request's grammar state; its unverified advances need no rollback."""
-        slot = req.seq_slot
-        self.num_advanced_tokens[slot] = 0
-        self.num_guided_tokens[slot] = 0
-        if not req.is_draft:
-            self.grammar_matchers[slot] = None
+    def execute_draft_batch(
+        self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, draft_step: int
+    ) -> list[Failure]:
+        """Mask the draft model's logits for one step of the drafting loop (one row per request).
 
-    def copy_bitmask(self, num_bitmask_tokens: int | None = None) -> None:
-        """Copy the filled host rows to the device buffers (nothing to do on the CPU)."""
-        if self.bitmask is self.bitmask_host:
-            return
-        n = self._batch().num_bitmask_tokens if num_bitmask_tokens is None else num_bitmask_tokens
-        with nvtx_range("guided_decoder.copy_bitmask"):
-            self.bitmask[:n].copy_(self.bitmask_host[:n], non_blocking=True)
-            self.token_mask[:n].copy_(self.token_mask_host[:n], non_blocking=True)
-
-    def apply_bitmask(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> None:
-        """Mask ``logits`` in place: rows ``[0, num_bitmask_tokens)`` of this batch, live rows only.
-
-        Masked logits become -inf; rows of unguided, terminated or failed requests are untouched.
+        Call once per draft step, after ``add_draft_batch`` for the same step and after the
+        verification of the batch of the last ``add_batch``. Step 0 turns that batch into draft
+        requests (same slots) and first rolls back the tokens verification rejected; the last
+        step (``num_draft_tokens - 1`` of that batch) ends by rolling back every draft advance,
+        so the next target build starts from the accepted prefix. ``d2t`` maps a pruned draft
+        vocabulary to the target's (see :func:`guidedec.bitmask.apply_bitmask`).
         """
-        n = self._batch().num_bitmask_tokens
-        if logits.dim() != 2 or logits.shape[0] < n:
-            raise ValueError(
-                f"logits must be 2-D with at least {n} rows, got {tuple(logits.shape)}"
-            )
-        start = time.perf_counter()
-        with nvtx_range("guided_decoder.apply_bitmask"):
-            apply_bitmask(logits[:n], self.bitmask[:n], token_mask=self.token_mask[:n], d2t=d2t)
-        self.stats.apply_s = time.perf_counter() - start
-
-    def execute(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> list[Failure]:
-        """``build``, ``copy_bitmask`` and ``apply_bitmask`` for the batch of ``add_batch``.
-
-        Returns the failed requests; the engine finishes them after sampling.
-        """
-        failures = self.build()
+        if self._draft_new_tokens is None or self._draft_step != draft_step:
+            raise ValueError(f"call add_draft_batch(..., draft_step={draft_step}) first")
+        failures = self._start_draft_step(draft_step, self._draft_new_tokens)
+        self._draft_new_tokens = None
+        failures += self.build()
+        if draft_step == self._batch().num_draft_tokens - 1:
+            failures += self.rollback_draft_tokens()
         self.copy_bitmask()
         self.apply_bitmask(logits, d2t=d2t)
         return failures
 
-    def _batch(self) -> GuidedRequests:
-        if self.requests is None:
-            raise ValueError("add_batch must be called before build/copy/apply")
-        return self.requests
+    def _start_draft_step(self, draft_step: int, new_tokens: list[int]) -> list[Failure]:
+        batch = self._batch()
+        if not 0 <= draft_step < max(batch.num_draft_tokens, 1):
+            raise ValueError(
+                f"draft_step {draft_step} is outside this batch's drafting loop "
+                f"(num_draft_tokens={batch.num_draft_tokens})"
+            )
+        is_draft_batch = any(req.is_draft for req in batch.requests)
+        if draft_step > 0:
+            if not is_draft_batch:
+                raise ValueError("draft_step > 0 must follow draft_step 0 of the same loop")
+            drafts = [req.as_draft(t) for req, t in zip(batch.requests, new_tokens, strict=True)]
+            self.requests = GuidedRequests(drafts, batch.num_draft_tokens)
+            return []
+        if is_draft_batch:
+            raise ValueError("draft_step 0 must follow a target batch (add_batch, execute)")
+        counts = self._draft_num_accepted
+        assert counts is not None
+        failures = self._rollback_rejected(batch.requests, counts)
+        drafts = []
+        for req, token, count in zip(batch.requests, new_tokens, counts, strict=True):
+            drafts.append(req.as_draft(token, max(count - 1, 0)))
+            self.is_draft_terminated[req.seq_slot] = False
+            self.num_advanced_draft_tokens[req.seq_slot] = 0
+        self.requests = GuidedRequests(drafts, batch.num_draft_tokens)
+        return failures
+
+    def _rollback_rejected(
+        self, requests: Sequence[GuidedRequest], counts: Sequence[int]
+    ) -> list[Failure]:
+        failures: list[Failure] = []
+        if self.max_num_draft_tokens == 0:
+            return failures
+        for req, count in zip(requests, counts, strict=True):
+            if req.guided_decoding_params is None:
+                continue
+            slot = req.seq_slot
+            advanced = self.num_advanced_tokens[slot]
+            self.num_advanced_tokens[slot] = 0
+            if advanced <= 0:
+                continue
+            try:
+                self._rollback_to_accepted(slot, advanced, count)
+            except (GuidedecError, ValueError, RuntimeError) as exc:
+                failures.append((req.request_id, failure_message(req, exc)))
+                self._forget(req)
+        return failures
+
+    def _rollback_to_accepted(self, slot: int, advanced: int, count: int) -> None:
+        """Undo the advances past the ``count`` accepted tokens.
+
+        ``count`` is clamped to ``advanced``: verification may accept tokens past a position where
+        the matcher stopped advancing (a stop token inside the drafts, a dead-end row); those
+        tokens never reached the matcher. Verification cannot accept more than the grammar let
+        through, so a larger count (a rollback that would be negative) is a bookkeeping error.
+        """
+        verifiable = self._num_verifiable_tokens[slot]
+        if not 1 <= count <= verifiable:
+            raise RequestError(
+                f"cannot roll back its grammar matcher: verification reports {count} accepted "
+                f"tokens (new token + drafts) but the matcher advanced {advanced} and its grammar "
+                f"allowed {verifiable}, so the rollback would be negative or undo the new token"
+            )
+        matcher = self.grammar_matchers[slot]
+        if matcher is None:
+            raise RequestError("has no grammar matcher (an earlier step failed)")
+        matcher.rollback(advanced - min(count, advanced))
 
 
-def _failure_message(req: GuidedRequest, exc: Exception) -> str:
-    return f"request {req.request_id} (slot {req.seq_slot}) {_describe(exc)}"
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, RequestError):
-        return str(exc)
-    return f"failed in guided decoding: {exc}"
+def _int_list(values: TokenCounts, length: int, name: str) -> list[int]:
+    items = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    if len(items) != length:
+        raise ValueError(f"{name} has {len(items)} entries; the batch has {length} requests")
+    return [int(v) for v in items]

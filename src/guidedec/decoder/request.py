@@ -9,7 +9,7 @@ graphs, where host functions run later).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from guidedec.grammar.params import GuidedDecodingParams
 
@@ -77,15 +77,32 @@ class GuidedRequest:
         new_token: int,
         draft_tokens: Sequence[int] = (),
         num_accepted_draft_tokens: int = 0,
+        is_generation_only_first_iteration: bool = False,
     ) -> GuidedRequest:
-        """A generating request whose previous step sampled ``new_token``."""
+        """A generating request whose previous step sampled ``new_token``.
+
+        ``is_generation_only_first_iteration`` marks a request whose prefill (and first token)
+        came from another engine, in its first step here: its matcher is created now.
+        """
         return cls(
             params,
             request_id,
             seq_slot,
             is_generation_in_progress_state=True,
+            is_generation_only_first_iteration=is_generation_only_first_iteration,
             new_token=new_token,
             draft_tokens=tuple(draft_tokens),
+            num_accepted_draft_tokens=num_accepted_draft_tokens,
+        )
+
+    def as_draft(self, new_token: int, num_accepted_draft_tokens: int = 0) -> GuidedRequest:
+        """This request as the drafting loop sees it: same slot, ``new_token`` to advance with,
+        no draft tokens of its own."""
+        return replace(
+            self,
+            is_draft=True,
+            new_token=new_token,
+            draft_tokens=(),
             num_accepted_draft_tokens=num_accepted_draft_tokens,
         )
 
@@ -115,13 +132,14 @@ class GuidedRequest:
 class GuidedRequests:
     """A batch of snapshots in logits-row order, with the bitmask rows each one owns.
 
-    Request ``i`` owns ``1 + min(len(draft_tokens), max_num_draft_tokens)`` consecutive rows
-    (its new-token position and one per draft token), starting where request ``i - 1`` ends;
-    this mirrors the rows of the logits tensor.
+    Request ``i`` owns consecutive rows starting where request ``i - 1`` ends, mirroring the rows
+    of the logits tensor: a target request owns ``1 + min(len(draft_tokens), num_draft_tokens)``
+    (its new-token position and one per draft token); a draft request owns one.
+    ``num_draft_tokens`` is this step's draft length, at most the decoder's static maximum.
     """
 
     requests: list[GuidedRequest]
-    max_num_draft_tokens: int
+    num_draft_tokens: int
     offsets: list[int] = field(init=False)
     num_bitmask_tokens: int = field(init=False)
 
@@ -135,7 +153,13 @@ class GuidedRequests:
 
     def rows_of(self, req: GuidedRequest) -> int:
         """Bitmask rows owned by ``req``."""
-        return 1 + min(len(req.draft_tokens), self.max_num_draft_tokens)
+        if req.is_draft:
+            return 1
+        return 1 + len(self.drafts_of(req))
+
+    def drafts_of(self, req: GuidedRequest) -> tuple[int, ...]:
+        """The draft tokens of ``req`` that this step verifies (its first ``num_draft_tokens``)."""
+        return () if req.is_draft else req.draft_tokens[: self.num_draft_tokens]
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -1,0 +1,338 @@
+"""The decoder's step: grammar matchers per sequence slot, host bitmask build, copy, apply.
+
+One step: ``add_batch(snapshots)`` -> ``build()`` (host: advance matchers, fill bitmask rows,
+check each row) -> ``copy_bitmask()`` -> ``apply_bitmask(logits)``; ``execute(logits)`` does all
+three after ``add_batch``. Failures are returned as ``(request_id, message)`` and never raised:
+the engine finishes those requests after sampling, and the rest of the batch goes on.
+:class:`guidedec.decoder.GuidedDecoder` adds the speculative-decoding rollbacks on top.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from guidedec.bitmask import allocate_bitmask, apply_bitmask, row_has_valid_token
+from guidedec.decoder.profiling import nvtx_range
+from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.errors import GuidedecError
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+
+Failure = tuple[int, str]
+
+
+class RequestError(GuidedecError):
+    """Why one request cannot go on; collected by ``build``, never raised to the caller."""
+
+
+@dataclass(slots=True)
+class DecoderStats:
+    """Timings of the last step, in seconds, and running totals."""
+
+    build_s: float = 0.0
+    apply_s: float = 0.0
+    steps: int = 0
+    rows_filled: int = 0
+    failures: int = 0
+
+
+class BaseGuidedDecoder:
+    """Batched guided decoding over ``max_num_sequences`` sequence slots: one step at a time.
+
+    Buffers: ``max_num_sequences * (max_num_draft_tokens + 1)`` bitmask rows of
+    ``ceil(vocab_size / 32)`` int32 words, and an int32 ``token_mask`` per row (1 = apply the row).
+    Per slot counters, for speculative decoding: ``num_advanced_tokens`` (matcher advances in the
+    last build), ``num_guided_tokens`` (rows filled in the last build),
+    ``num_advanced_draft_tokens`` (advances during the current drafting loop) and
+    ``is_draft_terminated`` (guiding of the current drafting loop has stopped).
+
+    Args:
+        config: Backend, tokenizer and cache settings.
+        max_num_sequences: Number of sequence slots (the engine's batch capacity).
+        max_num_draft_tokens: Draft tokens per sequence in speculative decoding (0: none).
+        vocab_size: Width of the logits; must equal ``config.tokenizer.vocab_size``.
+        device: Where the logits live; the host buffers are pinned when it is a CUDA device.
+        factory: The matcher factory (default: one built from ``config``); engines share one
+            between decoders so that compiled grammars are cached once.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: GuidedDecodingConfig,
+        max_num_sequences: int,
+        max_num_draft_tokens: int = 0,
+        vocab_size: int,
+        device: str | torch.device = "cpu",
+        factory: GrammarMatcherFactory | None = None,
+    ) -> None:
+        if vocab_size != config.tokenizer.vocab_size:
+            raise ValueError(
+                f"vocab_size={vocab_size} differs from the tokenizer's padded vocab_size="
+                f"{config.tokenizer.vocab_size}; build TokenizerInfo with vocab_size={vocab_size}"
+            )
+        if max_num_sequences <= 0 or max_num_draft_tokens < 0:
+            raise ValueError("max_num_sequences must be > 0 and max_num_draft_tokens >= 0")
+        self.config = config
+        self.max_num_sequences = max_num_sequences
+        self.max_num_draft_tokens = max_num_draft_tokens
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.factory = factory if factory is not None else create_grammar_matcher_factory(config)
+        self._allocate_buffers()
+        self.grammar_matchers: list[GrammarMatcher | None] = [None] * max_num_sequences
+        self.num_advanced_tokens = [0] * max_num_sequences
+        self.num_guided_tokens = [0] * max_num_sequences
+        self.num_advanced_draft_tokens = [0] * max_num_sequences
+        self.is_draft_terminated = [False] * max_num_sequences
+        # Per slot: the most tokens verification may accept (new token + drafts) after the last
+        # target build; fewer than 1 + drafts when a draft token was rejected by the grammar.
+        self._num_verifiable_tokens = [0] * max_num_sequences
+        # Generation-only requests whose matcher init_disagg_gen_requests made (True) or failed
+        # to make (False, already reported) for the coming target build.
+        self._disagg_init: dict[int, bool] = {}
+        self.requests: GuidedRequests | None = None
+        self.stats = DecoderStats()
+
+    @property
+    def max_num_rows(self) -> int:
+        """Bitmask rows: one per sequence position (new token + each draft token)."""
+        return self.max_num_sequences * (self.max_num_draft_tokens + 1)
+
+    def _allocate_buffers(self) -> None:
+        rows, on_cuda = self.max_num_rows, self.device.type == "cuda"
+        self.bitmask_host = allocate_bitmask(rows, self.vocab_size, pin_memory=on_cuda)
+        self.token_mask_host = torch.zeros(rows, dtype=torch.int32, pin_memory=on_cuda)
+        if on_cuda:
+            self.bitmask = torch.empty_like(self.bitmask_host, device=self.device)
+            self.token_mask = torch.empty_like(self.token_mask_host, device=self.device)
+        else:
+            self.bitmask, self.token_mask = self.bitmask_host, self.token_mask_host
+
+    def add_batch(
+        self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
+    ) -> None:
+        """Snapshot this step's scheduled requests, in logits-row order.
+
+        ``num_draft_tokens`` is this step's draft length (default: ``max_num_draft_tokens``);
+        a shorter runtime draft length only uses that many draft rows per request.
+        """
+        draft_len = self.max_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        if not 0 <= draft_len <= self.max_num_draft_tokens:
+            raise ValueError(
+                f"num_draft_tokens={num_draft_tokens} must be in [0, max_num_draft_tokens="
+                f"{self.max_num_draft_tokens}]"
+            )
+        batch = GuidedRequests(list(requests), draft_len)
+        if batch.num_bitmask_tokens > self.max_num_rows:
+            raise ValueError(
+                f"batch needs {batch.num_bitmask_tokens} bitmask rows; the decoder has "
+                f"{self.max_num_rows} (max_num_sequences * (max_num_draft_tokens + 1))"
+            )
+        slots: set[int] = set()
+        for req in batch.requests:
+            if not 0 <= req.seq_slot < self.max_num_sequences:
+                raise ValueError(f"request {req.request_id}: seq_slot {req.seq_slot} out of range")
+            if req.guided_decoding_params is not None and req.seq_slot in slots:
+                raise ValueError(f"request {req.request_id}: seq_slot {req.seq_slot} used twice")
+            slots.add(req.seq_slot)
+        self.requests = batch
+
+    def init_disagg_gen_requests(self) -> list[Failure]:
+        """Create the matchers of generation-only requests (prefill done by another engine) in
+        their first step here.
+
+        Call after ``add_batch`` and before the drafting loop, whose draft requests share the
+        matcher. Without speculation it may be skipped: ``build`` creates any such matcher not
+        created here. Returns the requests whose guide failed to compile.
+        """
+        failures: list[Failure] = []
+        for req in self._batch().valid_requests():
+            if not (req.is_generation_only_first_iteration and req.require_matcher_init()):
+                continue
+            try:
+                self._create_matcher(req)
+                self._disagg_init[req.request_id] = True
+            except (GuidedecError, ValueError, RuntimeError) as exc:
+                failures.append((req.request_id, failure_message(req, exc)))
+                self._disagg_init[req.request_id] = False
+        return failures
+
+    def _create_matcher(self, req: GuidedRequest) -> None:
+        assert req.guided_decoding_params is not None
+        self.grammar_matchers[req.seq_slot] = None
+        self.grammar_matchers[req.seq_slot] = self.factory.create(req.guided_decoding_params)
+
+    def build(self) -> list[Failure]:
+        """Advance every guided request's matcher and fill its bitmask rows (host side).
+
+        Returns the requests that cannot go on, as ``(request_id, message)``; their rows are
+        left unmasked (never all-forbidden), so their logits never become NaN.
+        """
+        batch = self._batch()
+        start = time.perf_counter()
+        with nvtx_range("guided_decoder.build"):
+            failures = self._build(batch)
+        self.stats.build_s = time.perf_counter() - start
+        self.stats.steps += 1
+        self.stats.failures += len(failures)
+        return failures
+
+    def _build(self, batch: GuidedRequests) -> list[Failure]:
+        self.token_mask_host[: batch.num_bitmask_tokens].fill_(0)
+        failures: list[Failure] = []
+        for req, offset in batch.valid_requests_with_offsets():
+            slot = req.seq_slot
+            self.num_advanced_tokens[slot] = 0
+            self.num_guided_tokens[slot] = 0
+            try:
+                self._build_request(req, batch.drafts_of(req), offset)
+            except (GuidedecError, ValueError, RuntimeError) as exc:
+                failures.append((req.request_id, failure_message(req, exc)))
+                self._forget(req)
+        if not any(req.is_draft for req in batch.requests):
+            self._disagg_init.clear()
+        return failures
+
+    def _build_request(self, req: GuidedRequest, drafts: tuple[int, ...], offset: int) -> None:
+        init, advance = req.require_matcher_init(), req.require_matcher_advance()
+        if init and req.is_generation_only_first_iteration:
+            created = self._disagg_init.pop(req.request_id, None)
+            if created is False:
+                return  # its failure was reported by init_disagg_gen_requests
+            init = created is None
+        if not (init or advance):
+            return
+        slot = req.seq_slot
+        if init:
+            self._create_matcher(req)
+        matcher = self.grammar_matchers[slot]
+        if matcher is None:
+            if req.is_draft:
+                self.is_draft_terminated[slot] = True
+                return
+            raise RequestError("has no grammar matcher (an earlier step failed)")
+        if advance and not self._advance(req, matcher):
+            return
+        self._num_verifiable_tokens[slot] = 1 + len(drafts)
+        if not matcher.is_terminated() and self._fill_row(req, matcher, offset):
+            self._fill_draft_rows(req, drafts, matcher, offset)
+        if req.is_draft:
+            self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
+
+    def _advance(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
+        """Feed ``new_token``; False when a draft request's guiding stops here (nothing to roll
+        back: a rejected token leaves the matcher unchanged)."""
+        slot = req.seq_slot
+        if req.is_draft and self.is_draft_terminated[slot]:
+            return False
+        if req.new_token is None:
+            raise RequestError("is generating but carries no new_token")
+        if not matcher.accept_token(req.new_token):
+            if req.is_draft:
+                self.is_draft_terminated[slot] = True
+                return False
+            raise RequestError(f"sampled token {req.new_token} is rejected by its grammar")
+        self.num_advanced_tokens[slot] += 1
+        return True
+
+    def _fill_row(self, req: GuidedRequest, matcher: GrammarMatcher, offset: int) -> bool:
+        """Fill the new-token row; False when a draft request's guiding stops here (its advance
+        still counts: the drafting loop rolls it back)."""
+        slot = req.seq_slot
+        matcher.fill_next_token_bitmask(self.bitmask_host, offset)
+        if not row_has_valid_token(self.bitmask_host[offset], self.vocab_size):
+            if req.is_draft:
+                self.is_draft_terminated[slot] = True
+                return False
+            raise RequestError("reached a grammar state that allows no token (dead end)")
+        self.token_mask_host[offset] = 1
+        self.num_guided_tokens[slot] += 1
+        self.stats.rows_filled += 1
+        return True
+
+    def _fill_draft_rows(
+        self, req: GuidedRequest, drafts: tuple[int, ...], matcher: GrammarMatcher, offset: int
+    ) -> None:
+        """Advance through the draft tokens, filling the row of each next position.
+
+        Stops at a rejected draft token (verification cannot accept it: the row before it masks
+        it out), at termination, or at a dead-end row: the remaining draft positions stay
+        unconstrained and are verified as usual.
+        """
+        slot = req.seq_slot
+        for i, token in enumerate(drafts, 1):
+            if not matcher.accept_token(token):
+                self._num_verifiable_tokens[slot] = i
+                break
+            self.num_advanced_tokens[slot] += 1
+            if matcher.is_terminated():
+                break
+            matcher.fill_next_token_bitmask(self.bitmask_host, offset + i)
+            if not row_has_valid_token(self.bitmask_host[offset + i], self.vocab_size):
+                break
+            self.token_mask_host[offset + i] = 1
+            self.num_guided_tokens[slot] += 1
+            self.stats.rows_filled += 1
+
+    def _forget(self, req: GuidedRequest) -> None:
+        """Drop a failed request's grammar state; its unverified advances need no rollback."""
+        slot = req.seq_slot
+        self.grammar_matchers[slot] = None
+        self.num_advanced_tokens[slot] = 0
+        self.num_guided_tokens[slot] = 0
+        self.num_advanced_draft_tokens[slot] = 0
+
+    def copy_bitmask(self, num_bitmask_tokens: int | None = None) -> None:
+        """Copy the filled host rows to the device buffers (nothing to do on the CPU)."""
+        if self.bitmask is self.bitmask_host:
+            return
+        n = self._batch().num_bitmask_tokens if num_bitmask_tokens is None else num_bitmask_tokens
+        with nvtx_range("guided_decoder.copy_bitmask"):
+            self.bitmask[:n].copy_(self.bitmask_host[:n], non_blocking=True)
+            self.token_mask[:n].copy_(self.token_mask_host[:n], non_blocking=True)
+
+    def apply_bitmask(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> None:
+        """Mask ``logits`` in place: rows ``[0, num_bitmask_tokens)`` of this batch, live rows only.
+
+        Masked logits become -inf; rows of unguided, terminated or failed requests are untouched.
+        """
+        n = self._batch().num_bitmask_tokens
+        if logits.dim() != 2 or logits.shape[0] < n:
+            raise ValueError(
+                f"logits must be 2-D with at least {n} rows, got {tuple(logits.shape)}"
+            )
+        start = time.perf_counter()
+        with nvtx_range("guided_decoder.apply_bitmask"):
+            apply_bitmask(logits[:n], self.bitmask[:n], token_mask=self.token_mask[:n], d2t=d2t)
+        self.stats.apply_s = time.perf_counter() - start
+
+    def execute(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> list[Failure]:
+        """``build``, ``copy_bitmask`` and ``apply_bitmask`` for the batch of ``add_batch``.
+
+        Returns the failed requests; the engine finishes them after sampling.
+        """
+        failures = self.build()
+        self.copy_bitmask()
+        self.apply_bitmask(logits, d2t=d2t)
+        return failures
+
+    def _batch(self) -> GuidedRequests:
+        if self.requests is None:
+            raise ValueError("add_batch must be called before build/copy/apply")
+        return self.requests
+
+
+def failure_message(req: GuidedRequest, exc: Exception) -> str:
+    return f"request {req.request_id} (slot {req.seq_slot}) {_describe(exc)}"
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, RequestError):
+        return str(exc)
+    return f"failed in guided decoding: {exc}"

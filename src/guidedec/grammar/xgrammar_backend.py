@@ -38,6 +38,8 @@ class XGrammarMatcher(GrammarMatcher):
         self._num_accepted = 0
 
     def accept_token(self, token_id: int) -> bool:
+        if self._matcher.is_terminated():
+            return False  # xgrammar would log a warning for every such call
         accepted = bool(self._matcher.accept_token(token_id))
         self._num_accepted += accepted
         return accepted

@@ -1,0 +1,54 @@
+"""Helpers for tests and benchmarks, shipped with the package so that users can reuse them.
+
+- :mod:`~guidedec.testing.masks`: packing, unpacking and random token bitmasks;
+- :mod:`~guidedec.testing.matchers`: feeding tokens to matchers and reading their masks;
+- :mod:`~guidedec.testing.generate`: random-logits guided generation (soundness checks);
+- :mod:`~guidedec.testing.speculative`: a scripted target model, drafters and a greedy runner
+  that prove speculative decoding exact.
+"""
+
+from guidedec.testing.generate import GeneratedOutput, random_guided_generate, sample_from_logits
+from guidedec.testing.masks import (
+    bitmask_to_bool_mask,
+    bool_mask_to_bitmask,
+    mixed_density_bitmask,
+    random_bitmask,
+    random_bool_mask,
+)
+from guidedec.testing.matchers import (
+    accepts_output,
+    allowed_token_ids,
+    feed_tokens,
+    next_token_mask,
+)
+from guidedec.testing.speculative import (
+    Drafter,
+    GreedyDrafter,
+    GreedyRunner,
+    RandomDrafter,
+    RunnerStats,
+    ScriptedTarget,
+    oracle_rows,
+)
+
+__all__ = [
+    "Drafter",
+    "GeneratedOutput",
+    "GreedyDrafter",
+    "GreedyRunner",
+    "RandomDrafter",
+    "RunnerStats",
+    "ScriptedTarget",
+    "accepts_output",
+    "allowed_token_ids",
+    "bitmask_to_bool_mask",
+    "bool_mask_to_bitmask",
+    "feed_tokens",
+    "mixed_density_bitmask",
+    "next_token_mask",
+    "oracle_rows",
+    "random_bitmask",
+    "random_bool_mask",
+    "random_guided_generate",
+    "sample_from_logits",
+]

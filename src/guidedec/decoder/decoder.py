@@ -150,7 +150,7 @@ class GuidedDecoder(BaseGuidedDecoder):
 
     def _start_draft_step(self, draft_step: int, new_tokens: list[int]) -> list[Failure]:
         batch = self._batch()
-        if not 0 <= draft_step < max(batch.num_draft_tokens, 1):
+        if not 0 <= draft_step < batch.num_draft_tokens:
             raise ValueError(
                 f"draft_step {draft_step} is outside this batch's drafting loop "
                 f"(num_draft_tokens={batch.num_draft_tokens})"

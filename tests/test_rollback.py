@@ -18,7 +18,7 @@ from guidedec import (
     TokenizerInfo,
 )
 from guidedec.decoder import GuidedRequests
-from guidedec.testing import feed_tokens, next_token_mask
+from guidedec.testing import bitmask_to_bool_mask, feed_tokens, next_token_mask
 
 REGEX = GuidedDecodingParams(regex=r"(yes|no)-[0-9]{1,4}!")
 OTHER = GuidedDecodingParams(choice=["alpha", "beta"])
@@ -379,3 +379,31 @@ def test_drafting_loop_misuse_is_a_clear_error(tokenizer) -> None:
                 GuidedRequest.context(REGEX, request_id=2, seq_slot=0),
             ]
         )
+
+
+def test_draft_logits_over_a_pruned_vocabulary_are_masked_through_d2t(
+    tokenizer, make_factory
+) -> None:
+    factory = make_factory("xgrammar")
+    decoder = make(tokenizer, factory, slots=1)
+    step(decoder, [GuidedRequest.context(REGEX, request_id=1, seq_slot=0)])
+    yes = tokenizer.encode("yes-12!")
+    step(
+        decoder,
+        [GuidedRequest.generation(REGEX, request_id=1, seq_slot=0, new_token=yes[0])],
+    )
+    # A draft vocabulary of 4096 tokens: column i is target token i + d2t[i].
+    generator = torch.Generator().manual_seed(0)
+    targets = torch.randperm(tokenizer.vocab_size, generator=generator)[:4096]
+    targets[:2] = torch.tensor([yes[2], tokenizer.encode("x")[0]])  # one allowed, one not
+    d2t = (targets - torch.arange(4096)).to(torch.int32)
+    decoder.add_draft_batch([yes[1]], [1], draft_step=0)
+    logits = torch.zeros(1, 4096)
+    assert decoder.execute_draft_batch(logits, d2t=d2t, draft_step=0) == []
+    fresh = factory.create(REGEX)
+    assert feed_tokens(fresh, yes[:2]) == 2
+    allowed = bitmask_to_bool_mask(
+        next_token_mask(fresh, tokenizer.vocab_size), tokenizer.vocab_size
+    )
+    assert torch.equal(torch.isfinite(logits[0]), allowed[targets])
+    assert torch.isfinite(logits[0, 0]) and torch.isinf(logits[0, 1])

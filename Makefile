@@ -29,6 +29,7 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_apply.py
+	$(PY) benchmarks/bench_decoder.py
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache

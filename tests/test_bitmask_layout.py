@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from guidedec.bitmask import (
     BITMASK_DTYPE,
+    HostRowChecker,
     allocate_bitmask,
     bitmask_size,
     row_has_valid_token,
@@ -147,6 +148,28 @@ def test_row_has_valid_token_iff_some_token_below_vocab_is_allowed(
         return
     row = bool_mask_to_bitmask(allowed, padding_allowed=padding_allowed)[0]
     assert row_has_valid_token(row, allowed.shape[1]) == bool(allowed.any())
+
+
+@FAST
+@given(bool_masks(max_rows=4), st.booleans())
+def test_host_row_checker_agrees_with_row_has_valid_token(
+    allowed: torch.Tensor, padding_allowed: bool
+) -> None:
+    bitmask = bool_mask_to_bitmask(allowed, padding_allowed=padding_allowed)
+    check = HostRowChecker(bitmask, allowed.shape[1])
+    for i in range(allowed.shape[0]):
+        assert (
+            check(i) == row_has_valid_token(bitmask[i], allowed.shape[1]) == bool(allowed[i].any())
+        )
+    # The checker reads the buffer live: a later write is seen.
+    if allowed.shape[0]:
+        bitmask[0].zero_()
+        assert check(0) is False
+
+
+def test_host_row_checker_needs_an_int32_host_bitmask() -> None:
+    with pytest.raises(ValueError, match="int32"):
+        HostRowChecker(torch.zeros(2, 3, dtype=torch.int64), 70)
 
 
 @pytest.mark.parametrize("vocab_size", [1, 31, 33, 63])

@@ -17,6 +17,7 @@ from guidedec import (
     TokenizerInfo,
     create_grammar_matcher_factory,
 )
+from guidedec.bitmask import allocate_bitmask, bitmask_size
 from guidedec.testing import accepts_output, allowed_token_ids, feed_tokens, next_token_mask
 
 PERSON = {
@@ -223,3 +224,16 @@ def test_stop_tokens_never_match_their_text(
     assert feed_tokens(matcher, prefix) == len(prefix)
     assert not matcher.accept_token(tokenizer.eos_token_id)  # not as '<｜end▁of▁sentence｜>'
     assert not factory.create(GuidedDecodingParams(regex=".+")).accept_token(tokenizer.eos_token_id)
+
+
+def test_llguidance_fill_refuses_a_bitmask_it_would_write_out_of(
+    make_factory, tokenizer: TokenizerInfo
+) -> None:
+    matcher = make_factory("llguidance").create(GuidedDecodingParams(regex="a+"))
+    words = bitmask_size(tokenizer.vocab_size)
+    with pytest.raises(ValueError, match="int32"):
+        matcher.fill_next_token_bitmask(torch.zeros(1, words, dtype=torch.int64), 0)
+    with pytest.raises(ValueError, match="words per row"):
+        matcher.fill_next_token_bitmask(torch.zeros(1, words - 1, dtype=torch.int32), 0)
+    with pytest.raises(IndexError, match="out of range"):
+        matcher.fill_next_token_bitmask(allocate_bitmask(2, tokenizer.vocab_size), 2)

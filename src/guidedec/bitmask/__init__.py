@@ -3,6 +3,7 @@
 from guidedec.bitmask.apply import apply_bitmask
 from guidedec.bitmask.layout import (
     BITMASK_DTYPE,
+    HostRowChecker,
     allocate_bitmask,
     bitmask_size,
     row_has_valid_token,
@@ -10,6 +11,7 @@ from guidedec.bitmask.layout import (
 
 __all__ = [
     "BITMASK_DTYPE",
+    "HostRowChecker",
     "allocate_bitmask",
     "apply_bitmask",
     "bitmask_size",

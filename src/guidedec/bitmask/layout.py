@@ -8,7 +8,13 @@ and backends are not required to clear them.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+try:  # numpy's C function, without the Python dispatch of np.count_nonzero (0.4 us per call)
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:  # pragma: no cover - numpy < 2
+    _count_nonzero = np.count_nonzero
 
 BITS_PER_WORD = 32
 BITMASK_DTYPE = torch.int32
@@ -59,3 +65,29 @@ def row_has_valid_token(row: torch.Tensor, vocab_size: int) -> bool:
     if num_tail_bits == 0:
         return False
     return bool(int(row[num_full_words]) & ((1 << num_tail_bits) - 1))
+
+
+class HostRowChecker:
+    """:func:`row_has_valid_token` for the rows of one host bitmask buffer, without torch's
+    per-call dispatch (under 1 us a row instead of 8 at V = 129,280): the decoder runs it on
+    every row it fills. It reads the buffer live, through numpy views made once.
+    """
+
+    def __init__(self, bitmask: torch.Tensor, vocab_size: int) -> None:
+        if bitmask.device.type != "cpu" or bitmask.dtype != BITMASK_DTYPE or bitmask.dim() != 2:
+            raise ValueError("HostRowChecker needs a 2-D int32 bitmask on the host")
+        self._words = bitmask.numpy()
+        self._num_full_words, tail_bits = divmod(vocab_size, BITS_PER_WORD)
+        self._tail_mask = (1 << tail_bits) - 1
+        # Pairs of full words scanned as int64: half the elements to count.
+        self._num_paired = self._num_full_words - self._num_full_words % 2
+        self._heads = [row[: self._num_paired].view(np.int64) for row in self._words]
+
+    def __call__(self, row: int) -> bool:
+        """Whether row ``row`` allows at least one token below the vocabulary size."""
+        if _count_nonzero(self._heads[row]):
+            return True
+        words = self._words[row]
+        if self._num_paired < self._num_full_words and words[self._num_paired]:
+            return True
+        return bool(self._tail_mask and int(words[self._num_full_words]) & self._tail_mask)

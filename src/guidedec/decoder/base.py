@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from guidedec.bitmask import allocate_bitmask, apply_bitmask, row_has_valid_token
+from guidedec.bitmask import HostRowChecker, allocate_bitmask, apply_bitmask
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.errors import GuidedecError
@@ -113,6 +113,10 @@ class BaseGuidedDecoder:
             self.token_mask = torch.empty_like(self.token_mask_host, device=self.device)
         else:
             self.bitmask, self.token_mask = self.bitmask_host, self.token_mask_host
+        # The host loop reads and writes through numpy views: torch indexing costs microseconds
+        # per call, which is as much as a backend's mask fill.
+        self._row_is_valid = HostRowChecker(self.bitmask_host, self.vocab_size)
+        self._token_mask_np = self.token_mask_host.numpy()
 
     def add_batch(
         self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
@@ -184,18 +188,23 @@ class BaseGuidedDecoder:
         return failures
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:
-        self.token_mask_host[: batch.num_bitmask_tokens].fill_(0)
+        self._token_mask_np[: batch.num_bitmask_tokens] = 0
         failures: list[Failure] = []
-        for req, offset in batch.valid_requests_with_offsets():
+        draft_len = batch.num_draft_tokens
+        for req, offset in zip(batch.requests, batch.offsets, strict=True):
+            if req.guided_decoding_params is None:
+                continue
             slot = req.seq_slot
             self.num_advanced_tokens[slot] = 0
             self.num_guided_tokens[slot] = 0
+            drafts = () if req.is_draft else req.draft_tokens[:draft_len]
             try:
-                self._build_request(req, batch.drafts_of(req), offset)
+                self._build_request(req, drafts, offset)
+                self.stats.rows_filled += self.num_guided_tokens[slot]
             except (GuidedecError, ValueError, RuntimeError) as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)
-        if not any(req.is_draft for req in batch.requests):
+        if self._disagg_init and not any(req.is_draft for req in batch.requests):
             self._disagg_init.clear()
         return failures
 
@@ -220,7 +229,7 @@ class BaseGuidedDecoder:
         if advance and not self._advance(req, matcher):
             return
         self._num_verifiable_tokens[slot] = 1 + len(drafts)
-        if not matcher.is_terminated() and self._fill_row(req, matcher, offset):
+        if not matcher.is_terminated() and self._fill_row(req, matcher, offset) and drafts:
             self._fill_draft_rows(req, drafts, matcher, offset)
         if req.is_draft:
             self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
@@ -246,14 +255,13 @@ class BaseGuidedDecoder:
         still counts: the drafting loop rolls it back)."""
         slot = req.seq_slot
         matcher.fill_next_token_bitmask(self.bitmask_host, offset)
-        if not row_has_valid_token(self.bitmask_host[offset], self.vocab_size):
+        if not self._row_is_valid(offset):
             if req.is_draft:
                 self.is_draft_terminated[slot] = True
                 return False
             raise RequestError("reached a grammar state that allows no token (dead end)")
-        self.token_mask_host[offset] = 1
+        self._token_mask_np[offset] = 1
         self.num_guided_tokens[slot] += 1
-        self.stats.rows_filled += 1
         return True
 
     def _fill_draft_rows(
@@ -266,19 +274,22 @@ class BaseGuidedDecoder:
         unconstrained and are verified as usual.
         """
         slot = req.seq_slot
+        bitmask, row_is_valid, live = self.bitmask_host, self._row_is_valid, self._token_mask_np
+        advanced = guided = 0
         for i, token in enumerate(drafts, 1):
             if not matcher.accept_token(token):
                 self._num_verifiable_tokens[slot] = i
                 break
-            self.num_advanced_tokens[slot] += 1
+            advanced += 1
             if matcher.is_terminated():
                 break
-            matcher.fill_next_token_bitmask(self.bitmask_host, offset + i)
-            if not row_has_valid_token(self.bitmask_host[offset + i], self.vocab_size):
+            matcher.fill_next_token_bitmask(bitmask, offset + i)
+            if not row_is_valid(offset + i):
                 break
-            self.token_mask_host[offset + i] = 1
-            self.num_guided_tokens[slot] += 1
-            self.stats.rows_filled += 1
+            live[offset + i] = 1
+            guided += 1
+        self.num_advanced_tokens[slot] += advanced
+        self.num_guided_tokens[slot] += guided
 
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 import torch
 
 
+@cache
+def _cuda_present() -> bool:
+    return torch.cuda.is_available()
+
+
+def nvtx_range(name: str) -> contextlib.AbstractContextManager[None]:
+    """An NVTX range named ``name`` when CUDA is available, else a no-op context."""
+    if not _cuda_present():
+        return contextlib.nullcontext()
+    return _pushed_range(name)
+
+
 @contextlib.contextmanager
-def nvtx_range(name: str) -> Iterator[None]:
-    """An NVTX range named ``name`` when CUDA is available, else nothing."""
-    if not torch.cuda.is_available():
-        yield
-        return
+def _pushed_range(name: str) -> Iterator[None]:
     nvtx: Any = torch.cuda.nvtx
     nvtx.range_push(name)
     try:

@@ -8,7 +8,6 @@ from typing import Any
 
 import llguidance as llg
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from guidedec.errors import GrammarError, MatcherError
@@ -38,6 +37,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     llguidance consumes a stop token itself when the grammar may end but could also go on. When
     the grammar cannot go on (the matcher has stopped), llguidance no longer consumes tokens; the
     wrapper then accepts a stop token on its own and counts it as one step for ``rollback``.
+    Termination is tracked here so that the hot loop makes one native call per operation.
     """
 
     backend = BACKEND
@@ -47,31 +47,31 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._stop_token_ids = stop_token_ids
         self._vocab_size = vocab_size
         self._stop_accepted_here = False
+        self._terminated = False
         self._num_accepted = 0
+        self._checked_bitmask: torch.Tensor | None = None
 
     def accept_token(self, token_id: int) -> bool:
-        accepted = self._accept(token_id)
-        self._num_accepted += accepted
-        return accepted
-
-    def _accept(self, token_id: int) -> bool:
-        if self.is_terminated() or not 0 <= token_id < self._vocab_size:
+        if self._terminated or not 0 <= token_id < self._vocab_size:
             return False
-        if self._matcher.is_stopped():
-            self._check_error()
+        if self._matcher.try_consume_tokens([token_id]) == 1:
+            self._num_accepted += 1
             if token_id in self._stop_token_ids:
-                self._stop_accepted_here = True
-                return True
-            return False
-        consumed = self._matcher.try_consume_tokens([token_id])
-        self._check_error()
-        return bool(consumed == 1)
+                self._terminated = self._matcher.stop_reason() == "EndOfSentence"
+            return True
+        self._check_error()  # a rejection leaves no error; anything else is a backend failure
+        if token_id in self._stop_token_ids and self._matcher.is_stopped():
+            self._stop_accepted_here = self._terminated = True
+            self._num_accepted += 1
+            return True
+        return False
 
     def rollback(self, num_tokens: int) -> None:
         check_rollback(num_tokens, self._num_accepted)
         if num_tokens == 0:
             return
         self._num_accepted -= num_tokens
+        self._terminated = False
         if self._stop_accepted_here:
             self._stop_accepted_here = False
             num_tokens -= 1
@@ -80,17 +80,39 @@ class LLGuidanceMatcher(GrammarMatcher):
             self._check_error()
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
-        if self.is_terminated():
+        if self._terminated:
             raise ValueError("fill_next_token_bitmask called on a terminated matcher")
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, index)
+        if bitmask is not self._checked_bitmask:
+            _check_host_bitmask(bitmask, self._vocab_size)
+            self._checked_bitmask = bitmask
+        if not 0 <= index < bitmask.shape[0]:
+            raise IndexError(f"bitmask row {index} out of range for {bitmask.shape[0]} rows")
+        # What llguidance.torch.fill_next_token_bitmask does, without its per-call checks.
+        row_bytes = bitmask.shape[1] * 4
+        self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + index * row_bytes, row_bytes)
         self._check_error()
 
     def is_terminated(self) -> bool:
-        return self._stop_accepted_here or self._matcher.stop_reason() == "EndOfSentence"
+        return self._terminated
 
     def _check_error(self) -> None:
         if self._matcher.is_error():
             raise MatcherError(f"llguidance matcher error: {self._matcher.get_error()}")
+
+
+def _check_host_bitmask(bitmask: torch.Tensor, vocab_size: int) -> None:
+    if (
+        bitmask.dtype != torch.int32
+        or bitmask.device.type != "cpu"
+        or bitmask.dim() != 2
+        or not bitmask.is_contiguous()
+        or bitmask.shape[1] * 32 < vocab_size
+    ):
+        raise ValueError(
+            "the bitmask must be a contiguous 2-D int32 host tensor with ceil(V / 32) words per "
+            f"row (V = {vocab_size}), got {bitmask.dtype} {tuple(bitmask.shape)} on "
+            f"{bitmask.device}"
+        )
 
 
 def llguidance_tokenizer(tokenizer: TokenizerInfo) -> llg.LLTokenizer:

@@ -29,34 +29,44 @@ _XGRAMMAR_LOCATION = re.compile(r"^(\[[^\]]*\] )?\S+\.(cc|h):\d+: ")
 
 
 class XGrammarMatcher(GrammarMatcher):
-    """A :class:`GrammarMatcher` over ``xgrammar.GrammarMatcher``."""
+    """A :class:`GrammarMatcher` over ``xgrammar.GrammarMatcher``.
+
+    Termination is tracked here (it starts when a stop token is accepted and ends with any
+    rollback) so that the hot loop makes one native call per operation.
+    """
 
     backend = BACKEND
 
-    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, stop_token_ids: frozenset[int]) -> None:
         self._matcher = matcher
+        self._stop_token_ids = stop_token_ids
         self._num_accepted = 0
+        self._terminated = False
 
     def accept_token(self, token_id: int) -> bool:
-        if self._matcher.is_terminated():
+        if self._terminated:
             return False  # xgrammar would log a warning for every such call
-        accepted = bool(self._matcher.accept_token(token_id))
-        self._num_accepted += accepted
-        return accepted
+        if not self._matcher.accept_token(token_id):
+            return False
+        self._num_accepted += 1
+        # Only a stop token terminates an xgrammar matcher.
+        self._terminated = token_id in self._stop_token_ids and self._matcher.is_terminated()
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         check_rollback(num_tokens, self._num_accepted)
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
             self._num_accepted -= num_tokens
+            self._terminated = False
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
-        if self._matcher.is_terminated():
+        if self._terminated:
             raise ValueError("fill_next_token_bitmask called on a terminated matcher")
         self._matcher.fill_next_token_bitmask(bitmask, index)
 
     def is_terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
+        return self._terminated
 
 
 def xgrammar_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:
@@ -104,10 +114,11 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
             cache_enabled=False,
         )
         self.cache: CompileCache[xgr.CompiledGrammar] = CompileCache(config.cache_limit_bytes)
+        self._stop_token_ids = frozenset(config.tokenizer.stop_token_ids)
 
     def create(self, params: GuidedDecodingParams) -> XGrammarMatcher:
         compiled = self.compile(params)
-        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled), self._stop_token_ids)
 
     def compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
         """The compiled grammar of ``params`` (cached)."""

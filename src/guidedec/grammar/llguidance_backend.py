@@ -49,7 +49,9 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._stop_accepted_here = False
         self._terminated = False
         self._num_accepted = 0
+        # The last bitmask checked, with its geometry: the hot loop fills rows of one buffer.
         self._checked_bitmask: torch.Tensor | None = None
+        self._checked_base = self._num_rows = self._row_bytes = 0
 
     def accept_token(self, token_id: int) -> bool:
         if self._terminated or not 0 <= token_id < self._vocab_size:
@@ -82,14 +84,15 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         if self._terminated:
             raise ValueError("fill_next_token_bitmask called on a terminated matcher")
-        if bitmask is not self._checked_bitmask:
+        base = bitmask.data_ptr()
+        if bitmask is not self._checked_bitmask or base != self._checked_base:
             _check_host_bitmask(bitmask, self._vocab_size)
-            self._checked_bitmask = bitmask
-        if not 0 <= index < bitmask.shape[0]:
-            raise IndexError(f"bitmask row {index} out of range for {bitmask.shape[0]} rows")
+            self._checked_bitmask, self._checked_base = bitmask, base
+            self._num_rows, self._row_bytes = bitmask.shape[0], bitmask.shape[1] * 4
+        if not 0 <= index < self._num_rows:
+            raise IndexError(f"bitmask row {index} out of range for {self._num_rows} rows")
         # What llguidance.torch.fill_next_token_bitmask does, without its per-call checks.
-        row_bytes = bitmask.shape[1] * 4
-        self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + index * row_bytes, row_bytes)
+        self._matcher.unsafe_compute_mask_ptr(base + index * self._row_bytes, self._row_bytes)
         self._check_error()
 
     def is_terminated(self) -> bool:

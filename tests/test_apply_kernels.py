@@ -19,10 +19,15 @@ from guidedec.testing import bool_mask_to_bitmask, mixed_density_bitmask, random
 
 BACKENDS = sorted(KERNELS)  # every registered kernel, the reference included
 FAST_BACKENDS = [name for name in BACKENDS if name != "torch"]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 VOCABS = [1, 31, 33, 1000, 129280]
 DENSITIES = [0.0, 0.01, 0.03, 0.5, 0.97, 0.99, 1.0]
-INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+INT_VIEW = {
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float64: torch.int64,
+}
 FAST = settings(max_examples=80, deadline=None)
 
 
@@ -397,7 +402,7 @@ def test_cpu_backend_rejects_tensors_on_another_device() -> None:
     ("logits", "bitmask", "kwargs", "message"),
     [
         (
-            torch.zeros(2, 4, dtype=torch.float64),
+            torch.zeros(2, 4, dtype=torch.complex64),
             torch.zeros(2, 1, dtype=torch.int32),
             {},
             "float32",

@@ -7,6 +7,7 @@ follows the guide.
 
 from guidedec import bitmask, errors
 from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.engine import LLM, RequestOutput, SamplingParams
 from guidedec.grammar import (
     GrammarMatcher,
     GrammarMatcherFactory,
@@ -20,6 +21,7 @@ from guidedec.tokenizer import TokenizerInfo
 __version__ = "0.1.0"
 
 __all__ = [
+    "LLM",
     "GrammarMatcher",
     "GrammarMatcherFactory",
     "GuideType",
@@ -27,6 +29,8 @@ __all__ = [
     "GuidedDecodingConfig",
     "GuidedDecodingParams",
     "GuidedRequest",
+    "RequestOutput",
+    "SamplingParams",
     "TokenizerInfo",
     "__version__",
     "bitmask",

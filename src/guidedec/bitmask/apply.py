@@ -10,7 +10,7 @@ from guidedec.bitmask.kernels import KernelName, load_kernel, resolve_backend
 from guidedec.bitmask.layout import BITMASK_DTYPE
 
 Backend = Literal["auto"] | KernelName
-LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 TOKEN_MASK_DTYPES = (torch.int32, torch.bool)
 
 
@@ -25,9 +25,9 @@ def apply_bitmask(
     """Set to -inf, in place, every logit whose token the bitmask does not allow.
 
     Args:
-        logits: ``[B, V_logits]`` float32, float16 or bfloat16, any strides (a column slice or
-            every other row of a larger tensor is fine); a 1-D tensor is one row. Modified in
-            place.
+        logits: ``[B, V_logits]`` float32, float16, bfloat16 or float64, any strides (a column
+            slice or every other row of a larger tensor is fine); a 1-D tensor is one row.
+            Modified in place.
         bitmask: ``[B, W]`` int32 (``[W]`` or ``[1, W]`` for 1-D logits); row ``i`` applies to
             logits row ``i``. Token ``t`` is allowed iff bit ``t % 32`` (least significant bit
             first) of word ``t // 32`` is 1.
@@ -64,7 +64,9 @@ def apply_bitmask(
 def _as_rows(logits: torch.Tensor, bitmask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate and return 2-D views ``[B, V_logits]`` and ``[B, W]``."""
     if logits.dtype not in LOGITS_DTYPES:
-        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+        raise ValueError(
+            f"logits must be float32, float16, bfloat16 or float64, got {logits.dtype}"
+        )
     if logits.dim() not in (1, 2):
         raise ValueError(f"logits must be 1-D or 2-D, got shape {tuple(logits.shape)}")
     if bitmask.dtype != BITMASK_DTYPE:

@@ -291,6 +291,14 @@ class BaseGuidedDecoder:
         self.num_advanced_tokens[slot] += advanced
         self.num_guided_tokens[slot] += guided
 
+    def release_slot(self, seq_slot: int) -> None:
+        """Drop the grammar state of a finished or aborted request's slot."""
+        self.grammar_matchers[seq_slot] = None
+        self.num_advanced_tokens[seq_slot] = 0
+        self.num_guided_tokens[seq_slot] = 0
+        self.num_advanced_draft_tokens[seq_slot] = 0
+        self.is_draft_terminated[seq_slot] = False
+
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""
         slot = req.seq_slot

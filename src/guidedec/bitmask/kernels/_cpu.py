@@ -40,7 +40,12 @@ LogitsArray = npt.NDArray[np.signedinteger[Any]]  # int32 or int16 view of the l
 _SPARSE_DIVISOR = 32
 _NO_BITS = 0
 _ALL_BITS_BYTE = 0xFF
-_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+_INT_VIEW = {
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float64: torch.int64,
+}
 _POPCOUNT_BYTE = np.array([bin(value).count("1") for value in range(256)], dtype=np.int64)
 
 

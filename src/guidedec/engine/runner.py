@@ -1,0 +1,221 @@
+"""ModelRunner: forward passes of a causal LM over sequence slots, one KV cache per slot.
+
+Each :class:`ForwardInput` runs as its own forward pass (batch size 1), so a sequence's logits do
+not depend on what else is in the call: a request that joins mid-flight gets exactly the logits
+it would get alone. Positions are explicit: the tokens of an input take positions
+``num_cached(slot) .. num_cached(slot) + len(token_ids) - 1``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+
+from guidedec.engine.model import LoadedModel
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardInput:
+    """Tokens to feed one slot, after everything already cached in it.
+
+    Attributes:
+        slot: The sequence slot, in ``[0, max_num_seqs)``.
+        token_ids: The new tokens (at least one).
+        num_logits: Return logits for the last ``num_logits`` of these positions, in
+            ``[1, len(token_ids)]``: 1 for prefill or decode, ``k + 1`` to verify ``k`` drafts.
+    """
+
+    slot: int
+    token_ids: Sequence[int]
+    num_logits: int = 1
+
+
+@dataclass(frozen=True)
+class KVState:
+    """A self-contained copy of one slot's KV cache, to move a sequence to another runner.
+
+    Attributes:
+        keys: Per layer, the cached keys, ``[1, num_kv_heads, length, head_dim]``.
+        values: Per layer, the cached values, same shape as ``keys``.
+        length: Number of cached tokens.
+    """
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    length: int
+
+
+class ModelRunner:
+    """Runs a causal LM over ``max_num_seqs`` sequence slots, each with its own KV cache.
+
+    A slot starts empty; :meth:`forward` appends to it, :meth:`crop` shortens it, :meth:`free`
+    empties it. Slots are independent: nothing in one slot affects another's logits.
+    """
+
+    def __init__(self, model: LoadedModel, *, max_num_seqs: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.vocab_size = model.tokenizer.vocab_size
+        self._caches: list[Any] = [None] * max_num_seqs  # a transformers DynamicCache, or None
+        self._lengths = [0] * max_num_seqs
+        self._cache_kwarg = _cache_kwarg_name(model.model)
+        self._num_layers = len(self._new_cache().layers)
+
+    def forward(self, inputs: Sequence[ForwardInput]) -> torch.Tensor:
+        """Feed each input's tokens to its slot and return the requested logits.
+
+        Returns:
+            For each input in order, the logits of its last ``num_logits`` positions:
+            shape ``[sum(num_logits), vocab_size]``, the model's dtype, on the model's device.
+            Row ``j`` of an input's block (``0 <= j < num_logits``) scores the token that follows
+            ``token_ids[len(token_ids) - num_logits + j]``. No inputs give a ``[0, vocab_size]``
+            tensor.
+
+        Raises:
+            ValueError: A slot out of range or repeated, empty ``token_ids``, a token outside the
+                vocabulary, ``num_logits`` outside ``[1, len(token_ids)]``, or a sequence that
+                would exceed ``max_model_len``. Nothing is run when any input is invalid.
+        """
+        for item in inputs:
+            self._check_input(item)
+        slots = [item.slot for item in inputs]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears more than once in one forward call: {slots}")
+        if not inputs:
+            return torch.empty(0, self.vocab_size, dtype=self.model.dtype, device=self.model.device)
+        return torch.cat([self._run_one(item) for item in inputs])
+
+    def num_cached(self, slot: int) -> int:
+        """Number of tokens in the slot's KV cache."""
+        self._check_slot(slot)
+        return self._lengths[slot]
+
+    def crop(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` cached tokens of the slot (drop rejected drafts).
+
+        Call it after a verify step, before feeding the slot again: the next tokens then take
+        positions from ``length`` on. ``length`` must be in ``[0, num_cached(slot)]``.
+        """
+        cached = self.num_cached(slot)
+        if not 0 <= length <= cached:
+            raise ValueError(f"cannot crop slot {slot} to {length} tokens: it holds {cached}")
+        if length < cached:
+            with torch.inference_mode():
+                self._caches[slot].crop(length - cached)  # negative: tokens to remove
+            self._lengths[slot] = length
+
+    def free(self, slot: int) -> None:
+        """Drop the slot's KV cache; the slot is then empty."""
+        self._check_slot(slot)
+        self._caches[slot] = None
+        self._lengths[slot] = 0
+
+    def export_cache(self, slot: int) -> KVState:
+        """A copy of the slot's KV cache that shares no memory with the runner."""
+        length = self.num_cached(slot)
+        if length == 0:
+            return KVState(keys=(), values=(), length=0)
+        layers = self._caches[slot].layers
+        keys = tuple(layer.keys.clone() for layer in layers)
+        values = tuple(layer.values.clone() for layer in layers)
+        return KVState(keys=keys, values=values, length=length)
+
+    def import_cache(self, slot: int, state: KVState) -> None:
+        """Replace the slot's cache with a copy of ``state`` (from :meth:`export_cache` of a
+        runner of the same model and dtype); the slot then continues exactly as the exporting
+        slot would have."""
+        self._check_slot(slot)
+        self._check_state(state)
+        self.free(slot)
+        if state.length == 0:
+            return
+        device = self.model.device
+        data = [(k.to(device), v.to(device)) for k, v in zip(state.keys, state.values, strict=True)]
+        self._caches[slot] = self._new_cache(data)  # copies: the cache grows by concatenation
+        self._lengths[slot] = state.length
+
+    def _run_one(self, item: ForwardInput) -> torch.Tensor:
+        start = self._lengths[item.slot]
+        device = self.model.device
+        ids = torch.tensor([list(item.token_ids)], dtype=torch.long, device=device)
+        positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
+        kwargs = {self._cache_kwarg: self._cache_of(item.slot)}
+        with torch.inference_mode():
+            out = self.model.model(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=item.num_logits,
+                **kwargs,
+            )
+        self._lengths[item.slot] = start + ids.shape[1]
+        logits: torch.Tensor = out.logits[0, -item.num_logits :]
+        return logits
+
+    def _cache_of(self, slot: int) -> Any:
+        """The slot's DynamicCache, created empty on first use."""
+        if self._caches[slot] is None:
+            self._caches[slot] = self._new_cache()
+        return self._caches[slot]
+
+    def _new_cache(self, data: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
+        with torch.inference_mode():
+            return transformers.DynamicCache(data, config=self.model.model.config)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_num_seqs:
+            raise ValueError(f"slot {slot} is out of range [0, {self.max_num_seqs})")
+
+    def _check_input(self, item: ForwardInput) -> None:
+        self._check_slot(item.slot)
+        n = len(item.token_ids)
+        if n == 0:
+            raise ValueError(f"slot {item.slot}: token_ids is empty")
+        if not 1 <= item.num_logits <= n:
+            raise ValueError(
+                f"slot {item.slot}: num_logits={item.num_logits} is outside [1, {n}] "
+                f"(the number of tokens fed)"
+            )
+        total = self._lengths[item.slot] + n
+        if total > self.model.max_model_len:
+            raise ValueError(
+                f"slot {item.slot}: {self._lengths[item.slot]} cached + {n} new tokens = {total} "
+                f"exceeds max_model_len={self.model.max_model_len}"
+            )
+        bad = [t for t in item.token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"slot {item.slot}: token ids {bad[:5]} outside [0, {self.vocab_size})"
+            )
+
+    def _check_state(self, state: KVState) -> None:
+        layers = (len(state.keys), len(state.values))
+        if state.length > 0 and layers != (self._num_layers, self._num_layers):
+            raise ValueError(
+                f"KV state has {layers} key/value layers; the model has {self._num_layers}"
+            )
+        if state.length > self.model.max_model_len:
+            raise ValueError(
+                f"KV state of {state.length} tokens exceeds "
+                f"max_model_len={self.model.max_model_len}"
+            )
+        for tensor in (*state.keys, *state.values):
+            if tensor.dtype != self.model.dtype or tensor.shape[-2] != state.length:
+                raise ValueError(
+                    f"KV state tensor {tuple(tensor.shape)} {tensor.dtype} does not match "
+                    f"length {state.length} and model dtype {self.model.dtype}"
+                )
+
+
+def _cache_kwarg_name(model: Any) -> str:
+    """``cache`` (transformers >= 5.24) or ``past_key_values`` (earlier): the forward argument
+    that takes the KV cache."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

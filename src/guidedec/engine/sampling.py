@@ -1,0 +1,321 @@
+"""Sampling: per-request parameters, the processed distribution, and speculative verification.
+
+Logits arrive already masked: the GuidedDecoder has set every grammar-forbidden token to -inf.
+Every function here gives such a token probability exactly 0 and never returns it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from guidedec.grammar.params import GuidedDecodingParams
+
+_NEG_INF = float("-inf")
+_NUCLEUS_CANDIDATES = 1024  # top-p sorts only these when they hold the nucleus
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How one request samples.
+
+    Args:
+        max_tokens: The most tokens to generate (>= 1).
+        temperature: Softmax temperature (finite, >= 0); 0 means greedy (argmax).
+        top_p: Nucleus mass in (0, 1]; 1 disables it.
+        top_k: Keep the k most likely tokens; 0 disables it.
+        seed: Seeds the request's own generator; None draws a fresh seed from OS entropy.
+        stop_token_ids: Extra tokens that end the output. Any sequence of non-negative ints is
+            accepted and stored as a tuple.
+        guided_decoding: The guide the output must follow, if any.
+
+    Raises:
+        ValueError: naming the first parameter out of range.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    guided_decoding: GuidedDecodingParams | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, minimum=1)
+        _check_int("top_k", self.top_k, minimum=0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=-(2**63))
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.stop_token_ids is not None:
+            object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when ``temperature == 0``: every token is the argmax."""
+        return self.temperature == 0
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _stop_ids(ids: object) -> tuple[int, ...]:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise ValueError(f"stop_token_ids must be a sequence of ints, got {ids!r}")
+    result = []
+    for token in ids:
+        try:
+            index = -1 if isinstance(token, bool) else operator.index(token)
+        except TypeError:
+            index = -1
+        if index < 0:
+            raise ValueError(f"stop_token_ids must be non-negative ints, got {token!r}")
+        result.append(index)
+    return tuple(result)
+
+
+def make_generator(
+    params: SamplingParams, device: str | torch.device = "cpu"
+) -> torch.Generator | None:
+    """The request's own RNG on ``device``: seeded with ``params.seed`` when given, else with 64
+    fresh bits of OS entropy. None for greedy requests, which draw nothing."""
+    if params.is_greedy:
+        return None
+    seed = params.seed if params.seed is not None else secrets.randbits(64)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed % 2**64)
+    return generator
+
+
+def _checked(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` as float32/float64 after checking its shape and values.
+
+    Raises:
+        ValueError: not a 2-D float tensor, a NaN or +inf, or a row with every token at -inf.
+    """
+    if logits.dim() != 2 or not logits.is_floating_point():
+        shape = tuple(logits.shape)
+        raise ValueError(f"logits must be a 2-D float tensor [n, V], got {logits.dtype} {shape}")
+    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    if x.shape[0] == 0:
+        return x
+    if x.shape[1] == 0:
+        raise ValueError("logits have an empty vocabulary (V == 0)")
+    if not bool((x < math.inf).all()):
+        raise ValueError("logits contain NaN or +inf")
+    dead = (x.amax(dim=-1) == _NEG_INF).nonzero().flatten().tolist()
+    if dead:
+        raise ValueError(f"logits rows {dead} have no allowed token (every logit is -inf)")
+    return x
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution each row is sampled from under ``params``, as probabilities [n, V].
+
+    ``softmax(logits / temperature)``; then top-k: keep the tokens whose probability is at least
+    the k-th largest (ties at the boundary are all kept); then top-p on the renormalised result:
+    keep the smallest set of most likely tokens whose mass is >= ``top_p`` (at least one token;
+    tokens tied with its least likely member are kept too); renormalised so each row sums to 1.
+    Tokens at -inf get exactly 0. Greedy: one-hot at ``torch.argmax`` (ties: lowest id).
+    float32 and float64 logits give probabilities of the same dtype (others give float32).
+    ``logits`` is not modified.
+
+    Raises:
+        ValueError: ``logits`` is not a 2-D float tensor, holds a NaN or +inf, or has a row with
+            every logit at -inf.
+    """
+    return _processed(_checked(logits), params)
+
+
+def _processed(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """:func:`processed_probs` of already checked logits."""
+    if params.is_greedy:
+        one_hot = torch.zeros_like(x)
+        return one_hot.scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+    # Subtracting the row max first keeps a tiny temperature from overflowing to inf / inf.
+    probs = torch.softmax((x - x.amax(dim=-1, keepdim=True)) / params.temperature, dim=-1)
+    if 0 < params.top_k < x.shape[-1]:
+        kth = probs.topk(params.top_k, dim=-1).values[:, -1:]
+        probs = _keep(probs, probs >= kth)
+    if params.top_p < 1:
+        probs = _keep(probs, probs >= _nucleus_threshold(probs, params.top_p))
+    return probs
+
+
+def _keep(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``probs`` zeroed outside ``keep`` (and wherever it is 0 already), rows renormalised."""
+    kept = torch.where(keep & (probs > 0), probs, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _nucleus_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Per row [n, 1], the probability of the least likely token in the smallest set of most
+    likely tokens whose mass reaches ``top_p``.
+
+    Sorts only the most likely ``_NUCLEUS_CANDIDATES`` tokens when they reach ``top_p`` in every
+    row (the same prefix sums as a full sort), and the whole vocabulary otherwise."""
+    top = probs.topk(min(_NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1).values
+    cumulative = top.cumsum(dim=-1)
+    if not bool((cumulative[:, -1] >= top_p).all()):
+        top = probs.sort(dim=-1, descending=True).values
+        cumulative = top.cumsum(dim=-1)
+    mass_before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)
+    return torch.where(mass_before < top_p, top, math.inf).amin(dim=-1, keepdim=True)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from the 1-D distribution ``probs`` (not necessarily normalised) by inverse CDF
+    with one float64 uniform; a zero-probability token never comes out.
+
+    Raises:
+        ValueError: if ``probs`` has no positive mass (or holds a NaN).
+    """
+    cdf = probs.double().cumsum(dim=0)
+    total = float(cdf[-1])
+    if not 0 < total < math.inf:
+        raise ValueError(f"cannot sample from a distribution with total mass {total}")
+    u = _uniform(generator)
+    target = torch.tensor([u * total], dtype=torch.float64, device=cdf.device)
+    index = int(torch.searchsorted(cdf, target, right=True).clamp_(max=probs.numel() - 1))
+    if probs[index] > 0:
+        return index
+    # Rounding landed on a zero-probability token (u * total == total, say): take the last
+    # allowed token before it, or the first one when there is none before it.
+    support = probs.nonzero().flatten()
+    position = int((support <= index).sum()) - 1
+    return int(support[max(position, 0)])
+
+
+def _uniform(generator: torch.Generator) -> float:
+    return float(torch.rand(1, generator=generator, dtype=torch.float64, device=generator.device))
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """One token per row of ``logits`` [n, V]: row i uses ``params[i]`` and ``generators[i]``.
+
+    Greedy rows take ``torch.argmax`` (ties: lowest id) and need no generator; the others draw
+    one token from :func:`processed_probs` with their generator, consuming exactly one float64
+    uniform from it.
+
+    Raises:
+        ValueError: lengths differ from n, a sampling row has no generator, or a row has every
+            logit at -inf (or a NaN / +inf).
+    """
+    x = _checked(logits)
+    if not len(params) == len(generators) == x.shape[0]:
+        raise ValueError(
+            f"{x.shape[0]} logits rows, {len(params)} params, {len(generators)} generators"
+        )
+    greedy = x.argmax(dim=-1).tolist()
+    tokens = []
+    for i, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
+        if row_params.is_greedy:
+            tokens.append(greedy[i])
+        elif generator is None:
+            raise ValueError(f"row {i} samples (temperature > 0) but has no generator")
+        else:
+            tokens.append(_draw(_processed(x[i : i + 1], row_params)[0], generator))
+    return tokens
+
+
+def verify_greedy(target_logits: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:
+    """Greedy verification of ``drafts`` against ``target_logits`` [len(drafts) + 1, V].
+
+    Row i holds the target's masked logits after the accepted prefix plus ``drafts[:i]``.
+    Returns ``(num_accepted, next_token)``: drafts are accepted while ``argmax(row i) ==
+    drafts[i]``; ``next_token`` is the argmax of the first row that does not match, or of the last
+    row (the bonus token) when all match. Rows after that one are not read.
+
+    Raises:
+        ValueError: wrong row count, or a row that is read has every logit at -inf.
+    """
+    if target_logits.dim() != 2 or target_logits.shape[0] != len(drafts) + 1:
+        raise ValueError(
+            f"target_logits must have len(drafts) + 1 = {len(drafts) + 1} rows, "
+            f"got shape {tuple(target_logits.shape)}"
+        )
+    best = target_logits.argmax(dim=-1).tolist()
+    num_accepted = 0
+    while num_accepted < len(drafts) and best[num_accepted] == drafts[num_accepted]:
+        num_accepted += 1
+    _checked(target_logits[: num_accepted + 1])
+    return num_accepted, best[num_accepted]
+
+
+def verify_rejection(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    drafts: Sequence[int],
+    generator: torch.Generator,
+) -> tuple[int, int]:
+    """Speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    ``target_probs`` [k + 1, V]: row i is the target's processed distribution p_i after the
+    accepted prefix plus ``drafts[:i]``. ``draft_probs`` [k, V]: the distribution q_i each draft
+    was drawn from; None for a deterministic drafter (q_i one-hot at ``drafts[i]``).
+    For i in order, draft d_i is accepted with probability ``min(1, p_i(d_i) / q_i(d_i))``
+    (rejected outright when ``q_i(d_i) == 0``). At the first rejection the next token is drawn
+    from ``normalize(max(0, p_i - q_i))`` (from p_i when that is all zero) and verification stops;
+    when all k are accepted the bonus token is drawn from p_k. Every output token is then
+    distributed exactly as the target's p. Returns ``(num_accepted, next_token)``.
+
+    Raises:
+        ValueError: shapes that do not match ``drafts``, or a draft id outside [0, V).
+    """
+    _check_rejection_inputs(target_probs, draft_probs, drafts)
+    k = len(drafts)
+    index = torch.tensor(list(drafts), dtype=torch.long, device=target_probs.device)
+    p_draft = _probs_at(target_probs[:k], index)
+    q_draft = [1.0] * k if draft_probs is None else _probs_at(draft_probs, index)
+    for i, (p, q) in enumerate(zip(p_draft, q_draft, strict=True)):
+        if not (q > 0 and _uniform(generator) < p / q):
+            return i, _draw(_residual(target_probs[i], draft_probs, i, drafts[i]), generator)
+    return k, _draw(target_probs[k], generator)
+
+
+def _probs_at(probs: torch.Tensor, index: torch.Tensor) -> list[float]:
+    """``probs[i, index[i]]`` for every row i, as Python floats."""
+    values: list[float] = probs.gather(1, index.to(probs.device)[:, None]).flatten().tolist()
+    return values
+
+
+def _residual(
+    p: torch.Tensor, draft_probs: torch.Tensor | None, i: int, draft: int
+) -> torch.Tensor:
+    """``max(0, p - q_i)``, or ``p`` itself when that has no mass (p == q)."""
+    if draft_probs is None:
+        residual = p.clone()
+        residual[draft] = 0.0
+    else:
+        residual = (p - draft_probs[i].to(p.dtype)).clamp_(min=0.0)
+    return residual if bool((residual > 0).any()) else p
+
+
+def _check_rejection_inputs(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor | None, drafts: Sequence[int]
+) -> None:
+    k = len(drafts)
+    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
+        raise ValueError(
+            f"target_probs must be [len(drafts) + 1 = {k + 1}, V], got {tuple(target_probs.shape)}"
+        )
+    vocab = target_probs.shape[1]
+    if draft_probs is not None and tuple(draft_probs.shape) != (k, vocab):
+        raise ValueError(f"draft_probs must be [{k}, {vocab}], got {tuple(draft_probs.shape)}")
+    bad = [d for d in drafts if not 0 <= d < vocab]
+    if bad:
+        raise ValueError(f"draft tokens {bad} are outside the vocabulary [0, {vocab})")

@@ -127,10 +127,14 @@ def test_a_slow_grammar_times_out_without_holding_up_the_batch(llm: LLM) -> None
 
 
 class SlowFactory(GrammarMatcherFactory):
+    """Delegates to ``inner`` after a delay, counting the calls."""
+
     def __init__(self, inner: GrammarMatcherFactory, delay_s: float) -> None:
         self.inner, self.delay_s = inner, delay_s
+        self.calls = 0
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        self.calls += 1
         time.sleep(self.delay_s)
         return self.inner.create(params)
 
@@ -174,7 +178,10 @@ def test_requests_joining_mid_flight_equal_the_same_requests_alone(llm: LLM) -> 
 def test_abort_frees_the_slot_and_the_matcher(llm: LLM) -> None:
     params = SamplingParams(max_tokens=200, guided_decoding=GUIDES["json_object"])
     ids = [llm.add_request(PROMPTS[i % 4], params) for i in range(5)]
-    llm.step()
+    for _ in range(10):  # the first steps may only wait for the grammar to compile
+        if llm.scheduler.running:
+            break
+        assert llm.step() == []
     assert len(llm.scheduler.running) == 4 and len(llm.scheduler.waiting) == 1
     victim = llm.scheduler.running[0]
     slot = victim.slot
@@ -240,3 +247,25 @@ def test_disaggregated_handoff_equals_one_engine(f64: dict[str, LLM]) -> None:
     continued = f64["draft"].generate_from_handoff(handoffs)
     assert [o.token_ids for o in continued] == [o.token_ids for o in plain]
     assert [o.finish_reason for o in continued] == [o.finish_reason for o in plain]
+
+
+def test_request_stop_tokens_add_to_the_tokenizers(llm: LLM) -> None:
+    free = llm.generate(PROMPTS[1], SamplingParams(max_tokens=12))[0]
+    stop = free.token_ids[5]
+    first = free.token_ids.index(stop)
+    stopped = llm.generate(PROMPTS[1], SamplingParams(max_tokens=12, stop_token_ids=[stop]))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:first]
+
+
+def test_requests_with_the_same_guide_share_one_compilation(llm: LLM) -> None:
+    slow = SlowFactory(llm.grammars.factory, delay_s=0.3)
+    llm.grammars.factory = slow
+    try:
+        guide = GuidedDecodingParams(regex="(on|off)-[0-9]")
+        outputs = llm.generate(PROMPTS[:3], SamplingParams(max_tokens=8, guided_decoding=guide))
+    finally:
+        llm.grammars.factory = slow.inner
+    assert slow.calls == 1
+    assert all(
+        o.finish_reason == "stop" and re.fullmatch("(on|off)-[0-9]", o.text) for o in outputs
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -192,8 +193,13 @@ def test_processed_probs_rejects_bad_logits() -> None:
         processed_probs(torch.tensor([[0.0, -INF], [-INF, -INF]]), params)
     with pytest.raises(ValueError, match="NaN"):
         processed_probs(torch.tensor([[0.0, math.nan]]), params)
-    with pytest.raises(ValueError, match="2-D"):
+    with pytest.raises(ValueError, match="float tensor"):
         processed_probs(torch.zeros(3), params)
+    with pytest.raises(ValueError, match="float tensor"):
+        processed_probs(torch.zeros(2, 0), params)
+    with pytest.raises(ValueError, match="float tensor"):
+        processed_probs(torch.zeros(2, 3, dtype=torch.long), params)
+    assert processed_probs(torch.zeros(0, 3), params).shape == (0, 3)
 
 
 # sample ---------------------------------------------------------------------------------------
@@ -422,8 +428,6 @@ def test_ngram_matches_brute_force(
 
 
 def test_ngram_is_fast_on_long_sequences() -> None:
-    import time
-
     tokens = torch.randint(0, 50, (4000,), generator=torch.Generator().manual_seed(0)).tolist()
     drafter = NgramDrafter(max_ngram=4)
     start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The ``guidedec`` command line."""
+"""The ``guidedec`` command line: ``generate`` (a model under a guide) and ``demo`` (random
+logits under a JSON schema, no model)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from guidedec.cli_generate import CliError, generate, load_schema, schema_status
 
 DEMO_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -22,26 +24,21 @@ DEMO_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-
-def _load_schema(value: str | None) -> dict[str, Any]:
-    if value is None:
-        return DEMO_SCHEMA
-    path = Path(value)
-    text = path.read_text(encoding="utf-8") if path.exists() else value
-    schema = json.loads(text)
-    if not isinstance(schema, dict):
-        raise SystemExit("--schema must be a JSON object (a file path or inline JSON)")
-    return schema
+BACKENDS = ["auto", "xgrammar", "llguidance"]
+GENERATE_EPILOG = """\
+guides (at most one; none means unguided): FILE arguments are paths; --json-schema also takes
+inline JSON starting with '{'. --choice takes several values: end them with '--' when the
+prompts follow, e.g. guidedec generate --choice yes no -- "Is it?"
+exit status: 0 when every prompt ran (outputs that end in grammar_error are reported, not fatal),
+1 on errors such as an unreadable file, 2 on bad arguments."""
 
 
 def demo(args: argparse.Namespace) -> int:
     """Constrain a random-logits sampler to a JSON schema and print the (valid) outputs."""
-    import jsonschema
-
     from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
     from guidedec.testing import random_guided_generate
 
-    schema = _load_schema(args.schema)
+    schema = DEMO_SCHEMA if args.schema is None else load_schema(args.schema)
     tokenizer = TokenizerInfo.default()
     config = GuidedDecodingConfig(
         backend=args.backend, tokenizer=tokenizer, json_whitespace=args.whitespace
@@ -61,7 +58,7 @@ def demo(args: argparse.Namespace) -> int:
     all_valid = True
     for i, out in enumerate(outputs):
         text = tokenizer.decode(out.token_ids)
-        status = _validate(text, schema, out.finished, jsonschema) if not out.error else out.error
+        status = out.error or schema_status(text, schema, out.finished)
         all_valid &= status == "valid"
         print(f"[{i}] {len(out.token_ids)} tokens, {status}\n{text}\n")
     tokens = sum(len(o.token_ids) for o in outputs)
@@ -69,22 +66,47 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if all_valid else 1
 
 
-def _validate(text: str, schema: dict[str, Any], finished: bool, jsonschema: Any) -> str:
-    if not finished:
-        return "unfinished (max tokens reached)"
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (json.JSONDecodeError, jsonschema.ValidationError) as exc:
-        return f"INVALID: {exc}"
-    return "valid"
+# --- argument types (a ValueError or ArgumentTypeError makes argparse exit with status 2) -----
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="guidedec", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _speculative(text: str) -> str:
+    if text == "ngram" or (text.startswith("draft:") and len(text) > len("draft:")):
+        return text
+    raise argparse.ArgumentTypeError(f"must be 'ngram' or 'draft:<model>', got {text!r}")
+
+
+# --- the parser --------------------------------------------------------------------------------
+
+
+def _add_demo(commands: Any) -> None:
     run = commands.add_parser("demo", help=demo.__doc__)
     run.add_argument("--schema", help="JSON schema: a file path or inline JSON")
-    run.add_argument("--backend", default="auto", choices=["auto", "xgrammar", "llguidance"])
+    run.add_argument("--backend", default="auto", choices=BACKENDS)
     run.add_argument(
         "--whitespace",
         default="compact",
@@ -95,13 +117,79 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--max-tokens", type=int, default=256)
     run.set_defaults(func=demo)
+
+
+def _add_guides(run: argparse.ArgumentParser) -> None:
+    guides = run.add_mutually_exclusive_group()
+    guides.add_argument("--json", action="store_true", help="any JSON object")
+    guides.add_argument("--json-schema", metavar="FILE", help="a JSON schema file, or inline JSON")
+    guides.add_argument("--regex", metavar="R", help="a regular expression the output matches")
+    guides.add_argument("--ebnf", metavar="FILE", help="an EBNF/GBNF grammar file (root rule)")
+    guides.add_argument("--lark", metavar="FILE", help="a Lark grammar file (start rule)")
+    guides.add_argument("--choice", nargs="+", metavar="A", help="the output is one of these")
+    guides.add_argument("--structural-tag", metavar="FILE", help="a structural tag JSON file")
+
+
+def _add_engine(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--model", default="tiny-random", help="model name or folder")
+    run.add_argument("--backend", default="auto", choices=BACKENDS, help="grammar backend")
+    run.add_argument(
+        "--speculative", type=_speculative, metavar="ngram|draft:M", help="speculative decoding"
+    )
+    run.add_argument("--num-draft-tokens", type=_int_at_least(1), default=4, metavar="K")
+    run.add_argument("--max-num-seqs", type=_int_at_least(1), default=8, metavar="N")
+    run.add_argument(
+        "--whitespace", default="flexible", choices=["flexible", "compact"], help="JSON whitespace"
+    )
+
+
+def _add_sampling(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--max-tokens", type=_int_at_least(1), default=256, metavar="N")
+    run.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0: greedy")
+    run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    run.add_argument("--top-k", type=_int_at_least(0), default=0, metavar="K", help="0: off")
+    run.add_argument("--seed", type=int, metavar="S", help="prompt i samples with seed S + i")
+
+
+def _add_generate(commands: Any) -> None:
+    run = commands.add_parser(
+        "generate",
+        help=generate.__doc__,
+        description=generate.__doc__,
+        epilog=GENERATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_guides(run)
+    _add_engine(run)
+    _add_sampling(run)
+    run.add_argument("--jsonl", action="store_true", help="one JSON object per prompt on stdout")
+    run.add_argument("prompts", nargs="+", metavar="PROMPT")
+    run.set_defaults(func=generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="guidedec", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands)
+    _add_demo(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Run the command line; returns the exit status (argparse exits with 2 on bad arguments)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    empty = [i for i, prompt in enumerate(getattr(args, "prompts", [])) if not prompt]
+    if empty:
+        parser.error(f"generate: prompt {empty[0]} is empty")
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"guidedec: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("guidedec: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

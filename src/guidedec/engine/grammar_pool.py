@@ -9,11 +9,13 @@ a slow grammar are not held up, and the step loop never compiles.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Iterator
 
 from guidedec.engine.request import Request, Status
 from guidedec.grammar.matcher import GrammarMatcherFactory
+from guidedec.grammar.params import GuidedDecodingParams
 
 
 class GrammarPool:
@@ -32,6 +34,9 @@ class GrammarPool:
         self.timeout_s = timeout_s
         self._executor = cf.ThreadPoolExecutor(max_workers, thread_name_prefix="guidedec-compile")
         self._pending: dict[Request, cf.Future[object]] = {}
+        # One compilation per distinct guide in flight: requests with the same guide share it.
+        self._inflight: dict[GuidedDecodingParams, cf.Future[object]] = {}
+        self._lock = threading.Lock()  # _inflight is also touched by the workers' callbacks
 
     def submit(self, request: Request) -> None:
         """Start compiling ``request``'s guide; the request waits in ``COMPILING`` meanwhile."""
@@ -40,7 +45,18 @@ class GrammarPool:
             request.status = Status.WAITING
             return
         request.status = Status.COMPILING
-        self._pending[request] = self._executor.submit(self.factory.create, params)
+        with self._lock:
+            future = self._inflight.get(params)
+            if future is None:
+                future = self._executor.submit(self.factory.create, params)
+                self._inflight[params] = future
+        future.add_done_callback(lambda f: self._forget(params, f))
+        self._pending[request] = future
+
+    def _forget(self, params: GuidedDecodingParams, future: cf.Future[object]) -> None:
+        with self._lock:
+            if self._inflight.get(params) is future:
+                del self._inflight[params]
 
     def poll(self) -> Iterator[Request]:
         """Move requests whose grammar is ready to ``WAITING``; yield those that failed (already

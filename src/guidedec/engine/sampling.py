@@ -1,8 +1,7 @@
 """Sampling: per-request parameters, the processed distribution, and speculative verification.
 
-Logits arrive already masked: the GuidedDecoder has set every grammar-forbidden token to -inf.
-Every function here gives such a token probability exactly 0 and never returns it.
-"""
+Logits arrive masked (the GuidedDecoder sets grammar-forbidden tokens to -inf): every function
+here gives such a token probability exactly 0 and never returns it."""
 
 from __future__ import annotations
 
@@ -11,12 +10,12 @@ import operator
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import SupportsIndex
 
 import torch
 
 from guidedec.grammar.params import GuidedDecodingParams
 
-_NEG_INF = float("-inf")
 _NUCLEUS_CANDIDATES = 1024  # top-p sorts only these when they hold the nucleus
 
 
@@ -30,12 +29,14 @@ class SamplingParams:
         top_p: Nucleus mass in (0, 1]; 1 disables it.
         top_k: Keep the k most likely tokens; 0 disables it.
         seed: Seeds the request's own generator; None draws a fresh seed from OS entropy.
-        stop_token_ids: Extra tokens that end the output. Any sequence of non-negative ints is
-            accepted and stored as a tuple.
+        stop_token_ids: Token ids that end the output, in addition to the tokenizer's stop
+            tokens (as in vLLM). Any sequence of non-negative ints; kept as a tuple. A guided
+            output still ends only where its grammar allows a stop token, so extra stop ids
+            there matter only if the grammar lets them through.
         guided_decoding: The guide the output must follow, if any.
 
     Raises:
-        ValueError: naming the first parameter out of range.
+        ValueError: naming the first parameter that is out of range.
     """
 
     max_tokens: int = 256
@@ -43,7 +44,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] | None = None
+    stop_token_ids: Sequence[int] | None = None
     guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
@@ -70,18 +71,18 @@ def _check_int(name: str, value: object, *, minimum: int) -> None:
 
 
 def _stop_ids(ids: object) -> tuple[int, ...]:
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise ValueError(f"stop_token_ids must be a sequence of ints, got {ids!r}")
-    result = []
-    for token in ids:
-        try:
-            index = -1 if isinstance(token, bool) else operator.index(token)
-        except TypeError:
-            index = -1
-        if index < 0:
-            raise ValueError(f"stop_token_ids must be non-negative ints, got {token!r}")
-        result.append(index)
-    return tuple(result)
+    if isinstance(ids, Sequence) and not isinstance(ids, (str, bytes)):
+        tokens = [_token_id(token) for token in ids]
+        if all(token >= 0 for token in tokens):
+            return tuple(tokens)
+    raise ValueError(f"stop_token_ids must be a sequence of non-negative ints, got {ids!r}")
+
+
+def _token_id(token: object) -> int:
+    """``token`` as an int; -1 when it is no integer (a bool is none either)."""
+    if isinstance(token, bool) or not isinstance(token, SupportsIndex):
+        return -1
+    return operator.index(token)
 
 
 def make_generator(
@@ -98,22 +99,17 @@ def make_generator(
 
 
 def _checked(logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` as float32/float64 after checking its shape and values.
-
-    Raises:
-        ValueError: not a 2-D float tensor, a NaN or +inf, or a row with every token at -inf.
-    """
-    if logits.dim() != 2 or not logits.is_floating_point():
+    """``logits`` as float32/float64, checked: 2-D float [n, V] with V >= 1, no NaN or +inf,
+    and an allowed (not -inf) token in every row; ValueError otherwise."""
+    if logits.dim() != 2 or not logits.is_floating_point() or logits.shape[1] == 0:
         shape = tuple(logits.shape)
-        raise ValueError(f"logits must be a 2-D float tensor [n, V], got {logits.dtype} {shape}")
+        raise ValueError(f"logits must be a float tensor [n, V >= 1], got {logits.dtype} {shape}")
     x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     if x.shape[0] == 0:
         return x
-    if x.shape[1] == 0:
-        raise ValueError("logits have an empty vocabulary (V == 0)")
     if not bool((x < math.inf).all()):
         raise ValueError("logits contain NaN or +inf")
-    dead = (x.amax(dim=-1) == _NEG_INF).nonzero().flatten().tolist()
+    dead = (x.amax(dim=-1) == -math.inf).nonzero().flatten().tolist()
     if dead:
         raise ValueError(f"logits rows {dead} have no allowed token (every logit is -inf)")
     return x
@@ -131,8 +127,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     ``logits`` is not modified.
 
     Raises:
-        ValueError: ``logits`` is not a 2-D float tensor, holds a NaN or +inf, or has a row with
-            every logit at -inf.
+        ValueError: ``logits`` is not 2-D float, holds NaN or +inf, or has a row all at -inf.
     """
     return _processed(_checked(logits), params)
 
@@ -140,8 +135,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 def _processed(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """:func:`processed_probs` of already checked logits."""
     if params.is_greedy:
-        one_hot = torch.zeros_like(x)
-        return one_hot.scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+        return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
     # Subtracting the row max first keeps a tiny temperature from overflowing to inf / inf.
     probs = torch.softmax((x - x.amax(dim=-1, keepdim=True)) / params.temperature, dim=-1)
     if 0 < params.top_k < x.shape[-1]:
@@ -159,11 +153,8 @@ def _keep(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _nucleus_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Per row [n, 1], the probability of the least likely token in the smallest set of most
-    likely tokens whose mass reaches ``top_p``.
-
-    Sorts only the most likely ``_NUCLEUS_CANDIDATES`` tokens when they reach ``top_p`` in every
-    row (the same prefix sums as a full sort), and the whole vocabulary otherwise."""
+    """Per row [n, 1], the least probability in the smallest most-likely set reaching ``top_p``.
+    Sorts just the top ``_NUCLEUS_CANDIDATES`` when they reach it in every row (same sums)."""
     top = probs.topk(min(_NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1).values
     cumulative = top.cumsum(dim=-1)
     if not bool((cumulative[:, -1] >= top_p).all()):
@@ -175,11 +166,7 @@ def _nucleus_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token from the 1-D distribution ``probs`` (not necessarily normalised) by inverse CDF
-    with one float64 uniform; a zero-probability token never comes out.
-
-    Raises:
-        ValueError: if ``probs`` has no positive mass (or holds a NaN).
-    """
+    with one float64 uniform; never a zero-probability token. ValueError if it has no mass."""
     cdf = probs.double().cumsum(dim=0)
     total = float(cdf[-1])
     if not 0 < total < math.inf:
@@ -189,8 +176,7 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     index = int(torch.searchsorted(cdf, target, right=True).clamp_(max=probs.numel() - 1))
     if probs[index] > 0:
         return index
-    # Rounding landed on a zero-probability token (u * total == total, say): take the last
-    # allowed token before it, or the first one when there is none before it.
+    # Rounding hit a zero-probability token: take the last allowed one before it (or the first).
     support = probs.nonzero().flatten()
     position = int((support <= index).sum()) - 1
     return int(support[max(position, 0)])
@@ -217,9 +203,7 @@ def sample(
     """
     x = _checked(logits)
     if not len(params) == len(generators) == x.shape[0]:
-        raise ValueError(
-            f"{x.shape[0]} logits rows, {len(params)} params, {len(generators)} generators"
-        )
+        raise ValueError(f"{x.shape[0]} rows, {len(params)} params, {len(generators)} generators")
     greedy = x.argmax(dim=-1).tolist()
     tokens = []
     for i, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
@@ -244,10 +228,8 @@ def verify_greedy(target_logits: torch.Tensor, drafts: Sequence[int]) -> tuple[i
         ValueError: wrong row count, or a row that is read has every logit at -inf.
     """
     if target_logits.dim() != 2 or target_logits.shape[0] != len(drafts) + 1:
-        raise ValueError(
-            f"target_logits must have len(drafts) + 1 = {len(drafts) + 1} rows, "
-            f"got shape {tuple(target_logits.shape)}"
-        )
+        shape = tuple(target_logits.shape)
+        raise ValueError(f"target_logits must have len(drafts) + 1 rows, got {shape}")
     best = target_logits.argmax(dim=-1).tolist()
     num_accepted = 0
     while num_accepted < len(drafts) and best[num_accepted] == drafts[num_accepted]:
@@ -279,29 +261,27 @@ def verify_rejection(
     _check_rejection_inputs(target_probs, draft_probs, drafts)
     k = len(drafts)
     index = torch.tensor(list(drafts), dtype=torch.long, device=target_probs.device)
-    p_draft = _probs_at(target_probs[:k], index)
-    q_draft = [1.0] * k if draft_probs is None else _probs_at(draft_probs, index)
+    p_draft = _at(target_probs[:k], index)
+    q_draft = [1.0] * k if draft_probs is None else _at(draft_probs, index)
     for i, (p, q) in enumerate(zip(p_draft, q_draft, strict=True)):
         if not (q > 0 and _uniform(generator) < p / q):
-            return i, _draw(_residual(target_probs[i], draft_probs, i, drafts[i]), generator)
+            q_row = None if draft_probs is None else draft_probs[i]
+            return i, _draw(_residual(target_probs[i], q_row, drafts[i]), generator)
     return k, _draw(target_probs[k], generator)
 
 
-def _probs_at(probs: torch.Tensor, index: torch.Tensor) -> list[float]:
+def _at(probs: torch.Tensor, index: torch.Tensor) -> list[float]:
     """``probs[i, index[i]]`` for every row i, as Python floats."""
-    values: list[float] = probs.gather(1, index.to(probs.device)[:, None]).flatten().tolist()
-    return values
+    return [float(v) for v in probs.gather(1, index.to(probs.device)[:, None]).flatten()]
 
 
-def _residual(
-    p: torch.Tensor, draft_probs: torch.Tensor | None, i: int, draft: int
-) -> torch.Tensor:
-    """``max(0, p - q_i)``, or ``p`` itself when that has no mass (p == q)."""
-    if draft_probs is None:
+def _residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tensor:
+    """``max(0, p - q)`` (q None: one-hot at ``draft``), or ``p`` when that has no mass."""
+    if q is None:
         residual = p.clone()
         residual[draft] = 0.0
     else:
-        residual = (p - draft_probs[i].to(p.dtype)).clamp_(min=0.0)
+        residual = (p - q.to(p.dtype)).clamp_(min=0.0)
     return residual if bool((residual > 0).any()) else p
 
 
@@ -310,9 +290,7 @@ def _check_rejection_inputs(
 ) -> None:
     k = len(drafts)
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-        raise ValueError(
-            f"target_probs must be [len(drafts) + 1 = {k + 1}, V], got {tuple(target_probs.shape)}"
-        )
+        raise ValueError(f"target_probs must be [{k + 1}, V], got {tuple(target_probs.shape)}")
     vocab = target_probs.shape[1]
     if draft_probs is not None and tuple(draft_probs.shape) != (k, vocab):
         raise ValueError(f"draft_probs must be [{k}, {vocab}], got {tuple(draft_probs.shape)}")

@@ -1,0 +1,291 @@
+"""The engine's step: schedule -> forward -> guide -> sample or verify -> finish -> draft.
+
+The requests the guided decoder reports failed are finished after sampling, as the reference
+design does; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.engine.grammar_pool import GrammarPool
+from guidedec.engine.handoff import Handoff
+from guidedec.engine.model import LoadedModel
+from guidedec.engine.prompts import TokenizedPrompt
+from guidedec.engine.request import Request, RequestOutput
+from guidedec.engine.runner import ForwardInput, ModelRunner
+from guidedec.engine.sampling import (
+    SamplingParams,
+    make_generator,
+    processed_probs,
+    sample,
+    verify_greedy,
+    verify_rejection,
+)
+from guidedec.engine.scheduler import Scheduled, Scheduler
+from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.factory import create_grammar_matcher_factory
+
+Speculator = NgramSpeculator | DraftModelSpeculator
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Running totals, in seconds and tokens."""
+
+    steps: int = 0
+    forward_s: float = 0.0
+    guide_s: float = 0.0
+    sample_s: float = 0.0
+    draft_s: float = 0.0
+    generated_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+
+
+class EngineCore:
+    """Requests, slots, the model runner, the guided decoder and the drafter, stepped together.
+
+    ``LLM`` builds one from user-facing options and adds ``generate`` and friends on top.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: GuidedDecodingConfig,
+        *,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        num_draft_tokens: int,
+        speculator: Speculator | None,
+        compile_timeout_s: float,
+    ) -> None:
+        self.model, self.config = model, config
+        self.tokenizer = model.tokenizer
+        self.max_model_len = model.max_model_len
+        self.num_draft_tokens, self.max_num_tokens = num_draft_tokens, max_num_tokens
+        self.factory = create_grammar_matcher_factory(config)
+        self.runner = ModelRunner(model, max_num_seqs=max_num_seqs)
+        self.decoder = GuidedDecoder(
+            config=config,
+            max_num_sequences=max_num_seqs,
+            max_num_draft_tokens=num_draft_tokens,
+            vocab_size=self.tokenizer.vocab_size,
+            device=model.device,
+            factory=self.factory,
+        )
+        self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
+        self.grammars = GrammarPool(self.factory, timeout_s=compile_timeout_s)
+        self.speculator = speculator
+        self.stats = EngineStats()
+        self._requests: dict[int, Request] = {}
+        self._next_id = 0
+        self._handoffs: dict[int, Handoff] = {}
+        self._unreported: list[Request] = []  # finished outside a step (aborted)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the requests that finished in it."""
+        finished = [*self._unreported, *self.grammars.poll()]
+        self._unreported.clear()
+        for request in finished:
+            self._release(request)
+        batch = self.scheduler.schedule()
+        if not batch:
+            if not finished:
+                self.grammars.wait()
+        else:
+            finished += self._run_batch(batch)
+        return [self._finalize(r) for r in finished]
+
+    def abort(self, request_id: int) -> bool:
+        """Finish a request with ``"abort"``, freeing its slot and matcher. False if unknown or
+        already finished."""
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        request.finish("abort")
+        self._release(request)
+        self._unreported.append(request)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def _run_batch(self, batch: list[Scheduled]) -> list[Request]:
+        self._import_handoffs(batch)
+        t0 = time.perf_counter()
+        inputs = [ForwardInput(_slot(s), s.token_ids, s.num_logits) for s in batch]
+        logits = self.runner.forward(inputs)
+        t1 = time.perf_counter()
+        decoder = self._guide(batch)
+        failures = dict(decoder.execute(logits)) if decoder else {}
+        t2 = time.perf_counter()
+        self._advance(batch, logits, failures)
+        t3 = time.perf_counter()
+        failures.update(self._speculate(batch, decoder))
+        self._update_stats(t0, t1, t2, t3)
+        return self._collect_finished(batch, failures)
+
+    def _guide(self, batch: list[Scheduled]) -> GuidedDecoder | None:
+        """Snapshot the batch for the decoder; None when no request in it is guided."""
+        if all(s.request.params.guided_decoding is None for s in batch):
+            return None
+        snapshots = [_snapshot(s) for s in batch]
+        self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
+        return self.decoder
+
+    def _advance(
+        self, batch: list[Scheduled], logits: torch.Tensor, failures: dict[int, str]
+    ) -> None:
+        row = 0
+        for s in batch:
+            rows, row = logits[row : row + s.num_logits], row + s.num_logits
+            req = s.request
+            req.num_accepted_drafts = 0
+            if req.request_id in failures:
+                req.finish("grammar_error", failures[req.request_id])
+            elif s.is_prefill:
+                req.num_computed += len(s.token_ids)
+                if s.is_last_chunk:
+                    self._append(req, sample(rows, [req.params], [req.generator]))
+                    req.metrics.first_token = time.perf_counter()
+            else:
+                self._verify(req, s, rows)
+            req.generation_only_first = False
+
+    def _verify(self, req: Request, s: Scheduled, rows: torch.Tensor) -> None:
+        drafts = s.token_ids[1:]
+        if req.params.is_greedy or not drafts:
+            if drafts:
+                accepted, token = verify_greedy(rows, drafts)
+            else:
+                accepted, token = 0, sample(rows, [req.params], [req.generator])[0]
+        else:
+            assert req.generator is not None
+            probs = processed_probs(rows, req.params)
+            accepted, token = verify_rejection(probs, req.draft_probs, drafts, req.generator)
+        req.num_accepted_drafts = accepted
+        req.num_computed += 1 + accepted
+        if drafts and req.slot is not None:
+            self.runner.crop(req.slot, req.num_computed)
+        self.stats.draft_tokens += len(drafts)
+        self.stats.accepted_draft_tokens += accepted
+        self._append(req, [*drafts[:accepted], token])
+
+    def _append(self, req: Request, tokens: Sequence[int]) -> None:
+        """Add sampled tokens, finishing at a stop token (the tokenizer's or the request's
+        ``stop_token_ids``), ``max_tokens`` or the end of the model's context."""
+        stops = (*self.tokenizer.stop_token_ids, *(req.params.stop_token_ids or ()))
+        for token in tokens:
+            if token in stops:
+                req.finish("stop")
+                return
+            req.output_token_ids.append(token)
+            self.stats.generated_tokens += 1
+            full = len(req.all_token_ids) >= self.max_model_len
+            if len(req.output_token_ids) >= req.params.max_tokens or full:
+                req.finish("length")
+                return
+
+    def _speculate(self, batch: list[Scheduled], decoder: GuidedDecoder | None) -> dict[int, str]:
+        if self.speculator is None:
+            return {}
+        start = time.perf_counter()
+        failures = dict(self.speculator.propose(batch, decoder))
+        self.stats.draft_s += time.perf_counter() - start
+        return failures
+
+    def _collect_finished(self, batch: list[Scheduled], failures: dict[int, str]) -> list[Request]:
+        finished = []
+        for s in batch:
+            req = s.request
+            if req.request_id in failures and not req.is_finished:
+                req.finish("grammar_error", failures[req.request_id])
+            if not req.is_finished and req.prefill_only and not req.in_prefill:
+                self._hand_off(req)
+            if req.is_finished:
+                self._release(req)
+                finished.append(req)
+        return finished
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def _admit(self, request: Request) -> int:
+        self._requests[request.request_id] = request
+        self.grammars.submit(request)
+        self.scheduler.add(request)
+        return request.request_id
+
+    def _release(self, request: Request) -> None:
+        slot = self.scheduler.remove(request)
+        if slot is not None:
+            self.runner.free(slot)
+            self.decoder.release_slot(slot)
+            if self.speculator is not None:
+                self.speculator.free(slot)
+
+    def _finalize(self, request: Request) -> RequestOutput:
+        self._requests.pop(request.request_id, None)
+        return request.output(self.tokenizer.decode(request.output_token_ids))
+
+    def _hand_off(self, req: Request) -> None:
+        assert req.slot is not None
+        self._handoffs[req.request_id] = Handoff.from_request(
+            req, self.runner.export_cache(req.slot)
+        )
+        req.finish("stop")
+
+    def _import_handoffs(self, batch: list[Scheduled]) -> None:
+        for s in batch:
+            req = s.request
+            if req.handoff_cache is not None and req.slot is not None:
+                self.runner.import_cache(req.slot, req.handoff_cache)
+                req.handoff_cache = None
+
+    def _new_request(self, prompt: TokenizedPrompt, params: SamplingParams) -> Request:
+        generator = make_generator(params)
+        return Request(self._new_id(), prompt.text, prompt.token_ids, params, generator)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def _update_stats(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        self.stats.steps += 1
+        self.stats.forward_s += t1 - t0
+        self.stats.guide_s += t2 - t1
+        self.stats.sample_s += t3 - t2
+
+
+def _slot(s: Scheduled) -> int:
+    assert s.request.slot is not None
+    return s.request.slot
+
+
+def _snapshot(s: Scheduled) -> GuidedRequest:
+    req = s.request
+    assert req.slot is not None
+    params = req.params.guided_decoding
+    if s.is_prefill:
+        return GuidedRequest.context(
+            params,
+            request_id=req.request_id,
+            seq_slot=req.slot,
+            is_last_context_chunk=s.is_last_chunk,
+        )
+    return GuidedRequest.generation(
+        params,
+        request_id=req.request_id,
+        seq_slot=req.slot,
+        new_token=s.token_ids[0],
+        draft_tokens=s.token_ids[1:],
+        is_generation_only_first_iteration=req.generation_only_first,
+    )

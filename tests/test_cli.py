@@ -1,0 +1,221 @@
+"""``guidedec generate`` (and ``demo``), run in-process on ``tiny-random``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from guidedec import GuideType
+from guidedec.cli import build_parser, main
+from guidedec.cli_generate import load_guide, sampling_params
+
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
+LINE = re.compile(r"^\[(\d+)\] (stop|length|grammar_error|abort): (.*)$")
+SUMMARY = re.compile(
+    r"guidedec: (\d+) prompts?, (\d+) generated tokens? in [\d.]+ s \([\d.]+ tokens/s\); "
+    r"guided overhead [\d.]+% "
+)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``guidedec`` with ``argv``: (exit status, stdout, stderr); argparse exits count too."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def outputs(stdout: str) -> list[tuple[int, str, str]]:
+    """The ``[i] finish_reason: text`` lines of plain output, as (i, reason, text)."""
+    return [(int(m[1]), m[2], m[3]) for line in stdout.splitlines() if (m := LINE.match(line))]
+
+
+# --- runs of the model (each builds a tiny-random engine, ~2-3 s) -----------------------------
+
+
+def test_json_schema_file_outputs_validate(capsys: pytest.CaptureFixture[str]) -> None:
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    argv = ["generate", "--json-schema", str(SCHEMA_FILE), "--whitespace", "compact"]
+    status, out, err = run_cli(capsys, *argv, "--max-tokens", "96", "A person:", "A user:")
+    assert status == 0, err
+    results = outputs(out)
+    assert [i for i, _, _ in results] == [0, 1]
+    for _, reason, text in results:
+        assert reason in ("stop", "length")
+        if reason == "stop":
+            jsonschema.validate(json.loads(text), schema)
+    stops = sum(reason == "stop" for _, reason, _ in results)
+    assert stops >= 1, out  # the schema is bounded: a random model finishes it in ~50 tokens
+    assert out.count("    schema: valid") == stops
+    summary = SUMMARY.search(err)
+    assert summary is not None and summary[1] == "2", err
+
+
+def test_regex_jsonl_records(capsys: pytest.CaptureFixture[str]) -> None:
+    pattern = r"[a-z]{1,4}@x\.io"
+    prompts = [f"email {i}:" for i in range(5)]  # 5 prompts: the progress bar runs (on stderr)
+    argv = ["generate", "--regex", pattern, "--max-tokens", "16", "--jsonl", *prompts]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    records = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
+    assert [r["prompt"] for r in records] == prompts
+    for r in records:
+        assert set(r) == {"prompt", "text", "token_ids", "finish_reason", "error", "timings"}
+        assert r["finish_reason"] == "stop" and r["error"] is None
+        assert re.fullmatch(pattern, r["text"], re.ASCII)
+        assert r["token_ids"] and all(isinstance(t, int) for t in r["token_ids"])
+        timings = r["timings"]
+        assert 0 < timings["ttft_s"] <= timings["e2e_s"]
+    assert "5/5" in err  # the progress bar
+    assert SUMMARY.search(err) is not None
+
+
+def test_choice_outputs_one_of_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    choices = ["alpha", "beta", "gamma delta"]
+    prompts = ["Pick one:", "Another:", "Third:"]
+    argv = ["generate", "--temperature", "1", "--seed", "7", "--choice", *choices, "--"]
+    status, out, err = run_cli(capsys, *argv, *prompts)
+    assert status == 0, err
+    results = outputs(out)
+    assert len(results) == 3
+    assert all(reason == "stop" and text in choices for _, reason, text in results), out
+
+
+def test_ebnf_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    grammar = tmp_path / "answer.ebnf"
+    grammar.write_text('root ::= ("yes" | "no") " " [0-9]\n', encoding="utf-8")
+    status, out, err = run_cli(capsys, "generate", "--ebnf", str(grammar), "Answer:")
+    assert status == 0, err
+    [(_, reason, text)] = outputs(out)
+    assert reason == "stop" and re.fullmatch(r"(yes|no) [0-9]", text), out
+
+
+def test_an_invalid_regex_is_reported_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "generate", "--regex", "[", "first", "second")
+    assert status == 0, err
+    results = outputs(out)
+    assert [(i, reason) for i, reason, _ in results] == [(0, "grammar_error"), (1, "grammar_error")]
+    errors = [line for line in out.splitlines() if line.startswith("    error: ")]
+    assert len(errors) == 2 and all("regex" in line for line in errors), out
+    assert "grammar_error 2" in err
+
+
+# --- argument and file errors (no model is built) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "--regex", "a", "p"],  # two guides
+        ["--choice", "a", "--json-schema", "{}", "p"],
+        ["--temperature", "-1", "p"],
+        ["--top-p", "0", "p"],
+        ["--max-tokens", "0", "p"],
+        ["--speculative", "medusa", "p"],
+        [""],  # an empty prompt
+        [],  # no prompt
+    ],
+)
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    status, out, err = run_cli(capsys, "generate", *argv)
+    assert status == 2 and out == ""
+    assert "error:" in err
+
+
+@pytest.mark.parametrize("option", ["--json-schema", "--ebnf", "--lark", "--structural-tag"])
+def test_a_missing_file_exits_1_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str
+) -> None:
+    missing = tmp_path / "nowhere" / "guide.txt"
+    status, out, err = run_cli(capsys, "generate", option, str(missing), "p")
+    assert status == 1 and out == ""
+    assert str(missing) in err and "not found" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"type": ', "is not valid JSON"),
+        ("[1, 2]", "must hold a JSON object"),
+        ('{"type": "strnig"}', "is not a valid JSON schema"),
+    ],
+)
+def test_an_invalid_schema_file_exits_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content, encoding="utf-8")
+    status, _, err = run_cli(capsys, "generate", "--json-schema", str(path), "p")
+    assert status == 1
+    assert message in err and str(path) in err
+
+
+def test_an_unknown_model_exits_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status, _, err = run_cli(capsys, "generate", "--model", str(tmp_path), "p")
+    assert status == 1
+    assert "cannot start the engine" in err and str(tmp_path) in err
+
+
+# --- guides and sampling parameters from the arguments ----------------------------------------
+
+
+def test_guides_from_files_and_inline(tmp_path: Path) -> None:
+    (tmp_path / "g.ebnf").write_text('root ::= "a"', encoding="utf-8")
+    (tmp_path / "g.lark").write_text('start: "a"', encoding="utf-8")
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "a"}}
+    (tmp_path / "tag.json").write_text(json.dumps(tag), encoding="utf-8")
+    cases = {
+        ("--ebnf", str(tmp_path / "g.ebnf")): (GuideType.EBNF, 'root ::= "a"'),
+        ("--lark", str(tmp_path / "g.lark")): (GuideType.LARK, 'start: "a"'),
+        ("--structural-tag", str(tmp_path / "tag.json")): (GuideType.STRUCTURAL_TAG, None),
+        ("--json-schema", ' {"type": "integer"}'): (GuideType.JSON_SCHEMA, None),
+        ("--json",): (GuideType.JSON_OBJECT, None),
+        ("--choice", "x", "y"): (GuideType.CHOICE, ("x", "y")),
+    }
+    for options, (guide_type, text) in cases.items():
+        args = build_parser().parse_args(["generate", *options, "--", "p"])
+        params = load_guide(args).params
+        assert params is not None and params.guide_type is guide_type, options
+        assert text is None or params.guide == text
+    unguided = build_parser().parse_args(["generate", "p"])
+    assert load_guide(unguided).params is None
+
+
+def test_seed_s_gives_prompt_i_seed_s_plus_i() -> None:
+    parse = build_parser().parse_args
+    args = parse(["generate", "--seed", "10", "--temperature", "0.5", "--top-k", "3", "a", "b"])
+    params = sampling_params(args, load_guide(args))
+    assert [p.seed for p in params] == [10, 11]
+    assert all(p.temperature == 0.5 and p.top_k == 3 for p in params)
+    unseeded = parse(["generate", "a", "b"])
+    assert [p.seed for p in sampling_params(unseeded, load_guide(unseeded))] == [None, None]
+
+
+# --- the other entry points -------------------------------------------------------------------
+
+
+def test_random_logits_demo_still_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(capsys, "demo", "--count", "2", "--schema", str(SCHEMA_FILE))
+    assert status == 0
+    assert out.count(", valid\n") == 2
+
+
+def test_python_m_guidedec_help() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "guidedec", "generate", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0
+    assert "--json-schema" in result.stdout and "PROMPT" in result.stdout

@@ -269,3 +269,29 @@ def test_requests_with_the_same_guide_share_one_compilation(llm: LLM) -> None:
     assert all(
         o.finish_reason == "stop" and re.fullmatch("(on|off)-[0-9]", o.text) for o in outputs
     )
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_speculative_sampling_follows_the_grammar(f64: dict[str, LLM], mode: str) -> None:
+    params = [
+        SamplingParams(max_tokens=30, temperature=1.0, top_k=50, seed=i, guided_decoding=guide)
+        for i, guide in enumerate([GUIDES["json_schema"], GUIDES["ebnf"], GUIDES["regex"]])
+    ]
+    spec = f64[mode]
+    outputs = spec.generate(F64_PROMPTS, params)
+    again = spec.generate(F64_PROMPTS, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in again]
+    for out, p in zip(outputs, params, strict=True):
+        assert p.guided_decoding is not None and out.error is None
+        assert follows(spec, p.guided_decoding, out.token_ids, out.finish_reason == "stop")
+
+
+def test_a_sampled_request_continues_after_a_handoff_with_speculation(f64: dict[str, LLM]) -> None:
+    prefill = LLM("tiny-random", max_num_seqs=1, dtype="float64", json_whitespace="compact")
+    params = SamplingParams(
+        max_tokens=20, temperature=1.0, seed=3, guided_decoding=GUIDES["json_schema"]
+    )
+    [handoff] = prefill.prefill(F64_PROMPTS[:1], params)
+    [out] = f64["draft"].generate_from_handoff([handoff])
+    assert out.error is None and out.token_ids[0] == handoff.first_token
+    assert follows(f64["draft"], GUIDES["json_schema"], out.token_ids, out.finish_reason == "stop")

@@ -21,6 +21,7 @@ from guidedec.engine.request import Request, RequestOutput
 from guidedec.engine.runner import ForwardInput, ModelRunner
 from guidedec.engine.sampling import (
     SamplingParams,
+    make_draft_generator,
     make_generator,
     processed_probs,
     sample,
@@ -251,8 +252,11 @@ class EngineCore:
                 req.handoff_cache = None
 
     def _new_request(self, prompt: TokenizedPrompt, params: SamplingParams) -> Request:
-        generator = make_generator(params)
-        return Request(self._new_id(), prompt.text, prompt.token_ids, params, generator)
+        request = Request(
+            self._new_id(), prompt.text, prompt.token_ids, params, make_generator(params)
+        )
+        request.draft_generator = make_draft_generator(params)
+        return request
 
     def _new_id(self) -> int:
         self._next_id += 1

@@ -8,7 +8,7 @@ import torch
 
 from guidedec.engine.request import Request, RequestMetrics, RequestOutput, Status
 from guidedec.engine.runner import KVState
-from guidedec.engine.sampling import SamplingParams
+from guidedec.engine.sampling import SamplingParams, make_draft_generator
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Handoff:
         if self.rng_state is not None:
             generator = torch.Generator()
             generator.set_state(self.rng_state)
-        return Request(
+        request = Request(
             request_id,
             self.prompt,
             list(self.prompt_token_ids),
@@ -65,3 +65,5 @@ class Handoff:
             handoff_cache=self.kv_cache,
             metrics=RequestMetrics(),
         )
+        request.draft_generator = make_draft_generator(self.params)
+        return request

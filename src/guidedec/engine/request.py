@@ -81,6 +81,7 @@ class Request:
     num_computed: int = 0
     draft_tokens: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None  # the draft model's distribution per draft token
+    draft_generator: torch.Generator | None = None  # the draft model's sampling RNG
     num_accepted_drafts: int = 0
     generation_only_first: bool = False  # prefill done by another engine, first step here
     prefill_only: bool = False  # hand the request over once its first token is sampled

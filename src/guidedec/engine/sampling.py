@@ -9,7 +9,7 @@ import math
 import operator
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import SupportsIndex
 
 import torch
@@ -96,6 +96,19 @@ def make_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed(seed % 2**64)
     return generator
+
+
+def make_draft_generator(
+    params: SamplingParams, device: str | torch.device = "cpu"
+) -> torch.Generator | None:
+    """A second RNG for a draft model's samples, derived from ``params.seed`` when given, so a
+    seeded request repeats its drafts (and so its output) whatever else the engine runs."""
+    if params.seed is None:
+        return make_generator(params, device)
+    return make_generator(replace(params, seed=(params.seed * _DRAFT_SEED_MIX + 1) % 2**64), device)
+
+
+_DRAFT_SEED_MIX = 0x9E3779B97F4A7C15  # any odd constant: keeps derived seeds distinct
 
 
 def _checked(logits: torch.Tensor) -> torch.Tensor:

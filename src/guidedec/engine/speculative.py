@@ -72,7 +72,6 @@ class DraftModelSpeculator:
         self.runner = ModelRunner(model, max_num_seqs=max_num_seqs)
         self.num_draft_tokens, self.max_model_len = num_draft_tokens, max_model_len
         self.vocab_size = model.tokenizer.vocab_size
-        self._generator = torch.Generator(device=model.device).manual_seed(0)
 
     def propose(self, batch: Sequence[Scheduled], decoder: GuidedDecoder | None) -> list[Failure]:
         rows = [i for i, s in enumerate(batch) if wants_drafts(s)]
@@ -146,14 +145,14 @@ class DraftModelSpeculator:
         probs: list[list[torch.Tensor]],
     ) -> None:
         for i, row in enumerate(rows):
-            params = batch[row].request.params
-            row_logits = logits[i : i + 1]
+            req = batch[row].request
+            params, row_logits = req.params, logits[i : i + 1]
             if params.is_greedy:
                 token = int(torch.argmax(row_logits[0]))
             else:
                 dist = processed_probs(row_logits, params)
                 probs[i].append(dist[0])
-                token = sample(row_logits, [params], [self._generator])[0]
+                token = sample(row_logits, [params], [req.draft_generator])[0]
             proposals[i].append(token)
 
     def _finish_loop(

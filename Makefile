@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m guidedec demo
+	$(PY) -m guidedec generate --json-schema examples/person.schema.json --whitespace compact \
+		--max-tokens 128 "A person, as JSON:" "The admin's user record:" "Describe a guest."
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -30,6 +31,7 @@ test: lint
 bench: $(STAMP)
 	$(PY) benchmarks/bench_apply.py
 	$(PY) benchmarks/bench_decoder.py
+	$(PY) benchmarks/bench_e2e.py
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache

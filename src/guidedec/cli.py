@@ -1,4 +1,4 @@
-"""The ``guidedec`` command line: ``generate`` (a model under a guide) and ``demo`` (random
+"""The guidedec command line: generate (a model's outputs under a guide) and demo (random
 logits under a JSON schema, no model)."""
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ BACKENDS = ["auto", "xgrammar", "llguidance"]
 GENERATE_EPILOG = """\
 guides (at most one; none means unguided): FILE arguments are paths; --json-schema also takes
 inline JSON starting with '{'. --choice takes several values: end them with '--' when the
-prompts follow, e.g. guidedec generate --choice yes no -- "Is it?"
+prompts follow (options after '--' are read as prompts), e.g.
+  guidedec generate --temperature 1 --choice yes no -- "Is it?"
 exit status: 0 when every prompt ran (outputs that end in grammar_error are reported, not fatal),
 1 on errors such as an unreadable file, 2 on bad arguments."""
 
@@ -55,15 +56,20 @@ def demo(args: argparse.Namespace) -> int:
         decoder, [params] * args.count, seed=args.seed, max_tokens=args.max_tokens
     )
     elapsed = time.perf_counter() - start
+    all_valid = _print_demo_outputs(outputs, tokenizer, schema)
+    print(f"{sum(len(o.token_ids) for o in outputs)} tokens in {elapsed:.2f} s")
+    return 0 if all_valid else 1
+
+
+def _print_demo_outputs(outputs: list[Any], tokenizer: Any, schema: dict[str, Any]) -> bool:
+    """Print each output and its status; True when all are valid."""
     all_valid = True
     for i, out in enumerate(outputs):
         text = tokenizer.decode(out.token_ids)
         status = out.error or schema_status(text, schema, out.finished)
         all_valid &= status == "valid"
         print(f"[{i}] {len(out.token_ids)} tokens, {status}\n{text}\n")
-    tokens = sum(len(o.token_ids) for o in outputs)
-    print(f"{tokens} tokens in {elapsed:.2f} s")
-    return 0 if all_valid else 1
+    return all_valid
 
 
 # --- argument types (a ValueError or ArgumentTypeError makes argparse exit with status 2) -----
@@ -136,17 +142,23 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--speculative", type=_speculative, metavar="ngram|draft:M", help="speculative decoding"
     )
-    run.add_argument("--num-draft-tokens", type=_int_at_least(1), default=4, metavar="K")
-    run.add_argument("--max-num-seqs", type=_int_at_least(1), default=8, metavar="N")
+    run.add_argument(
+        "--num-draft-tokens", type=_int_at_least(1), default=4, metavar="K", help="per step"
+    )
+    run.add_argument(
+        "--max-num-seqs", type=_int_at_least(1), default=8, metavar="N", help="batch size"
+    )
     run.add_argument(
         "--whitespace", default="flexible", choices=["flexible", "compact"], help="JSON whitespace"
     )
 
 
 def _add_sampling(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--max-tokens", type=_int_at_least(1), default=256, metavar="N")
+    run.add_argument(
+        "--max-tokens", type=_int_at_least(1), default=256, metavar="N", help="per prompt"
+    )
     run.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0: greedy")
-    run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P")
+    run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="1: off")
     run.add_argument("--top-k", type=_int_at_least(0), default=0, metavar="K", help="0: off")
     run.add_argument("--seed", type=int, metavar="S", help="prompt i samples with seed S + i")
 
@@ -163,7 +175,7 @@ def _add_generate(commands: Any) -> None:
     _add_engine(run)
     _add_sampling(run)
     run.add_argument("--jsonl", action="store_true", help="one JSON object per prompt on stdout")
-    run.add_argument("prompts", nargs="+", metavar="PROMPT")
+    run.add_argument("prompts", nargs="+", metavar="PROMPT", help="one output per prompt")
     run.set_defaults(func=generate)
 
 

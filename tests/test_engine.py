@@ -295,3 +295,17 @@ def test_a_sampled_request_continues_after_a_handoff_with_speculation(f64: dict[
     [out] = f64["draft"].generate_from_handoff([handoff])
     assert out.error is None and out.token_ids[0] == handoff.first_token
     assert follows(f64["draft"], GUIDES["json_schema"], out.token_ids, out.finish_reason == "stop")
+
+
+def test_bad_prompts_are_refused_before_anything_is_queued(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        llm.generate(["ok", ""])
+    with pytest.raises(ValueError, match="prompt 0 has 5000 tokens"):
+        llm.generate([[5] * 5000])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([[5, 10**7]])
+    with pytest.raises(ValueError, match="2 prompts but 1 sampling params"):
+        llm.generate(["a", "b"], [SamplingParams()])
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        llm.add_request("")
+    assert not llm.has_unfinished_requests()

@@ -14,7 +14,7 @@ import torch
 from guidedec.engine.core import EngineCore, EngineStats, Speculator
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel, load_model
-from guidedec.engine.prompts import Prompt, tokenize_prompts
+from guidedec.engine.prompts import Prompt, check_prompt, tokenize, tokenize_prompts
 from guidedec.engine.request import RequestOutput
 from guidedec.engine.sampling import SamplingParams
 from guidedec.engine.speculative import (
@@ -96,10 +96,9 @@ class LLM(EngineCore):
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its id. ``step`` advances it."""
-        [(tokenized, params)] = tokenize_prompts(
-            [prompt], params, self.tokenizer, self.max_model_len
-        )
-        return self._admit(self._new_request(tokenized, params))
+        tokenized = tokenize(prompt, self.tokenizer)
+        check_prompt("the prompt", tokenized, self.tokenizer.vocab_size, self.max_model_len)
+        return self._admit(self._new_request(tokenized, params or SamplingParams()))
 
     def prefill(
         self,

@@ -39,7 +39,7 @@ def tokenize_prompts(
         raise ValueError(f"{len(items)} prompts but {len(params)} sampling params")
     tokenized = [tokenize(p, tokenizer) for p in items]
     for i, prompt in enumerate(tokenized):
-        check_length(i, prompt, vocab_size=tokenizer.vocab_size, max_model_len=max_model_len)
+        check_prompt(f"prompt {i}", prompt, tokenizer.vocab_size, max_model_len)
     return list(zip(tokenized, params, strict=True))
 
 
@@ -49,16 +49,16 @@ def tokenize(prompt: Prompt, tokenizer: TokenizerInfo) -> TokenizedPrompt:
     return TokenizedPrompt(None, [int(t) for t in prompt])
 
 
-def check_length(
-    index: int, prompt: TokenizedPrompt, *, vocab_size: int, max_model_len: int
-) -> None:
+def check_prompt(name: str, prompt: TokenizedPrompt, vocab_size: int, max_model_len: int) -> None:
+    """Raise ``ValueError`` naming ``name`` if the prompt is empty, has token ids outside the
+    vocabulary, or leaves no room to generate."""
     if not prompt.token_ids:
-        raise ValueError(f"prompt {index} is empty")
+        raise ValueError(f"{name} is empty")
     if any(not 0 <= t < vocab_size for t in prompt.token_ids):
-        raise ValueError(f"prompt {index} has token ids outside the vocabulary [0, {vocab_size})")
+        raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab_size})")
     if len(prompt.token_ids) >= max_model_len:
         raise ValueError(
-            f"prompt {index} has {len(prompt.token_ids)} tokens; the model takes at most "
+            f"{name} has {len(prompt.token_ids)} tokens; the model takes at most "
             f"{max_model_len} (prompt and output together)"
         )
 

@@ -1,5 +1,5 @@
-"""The guidedec command line: generate (a model's outputs under a guide) and demo (random
-logits under a JSON schema, no model)."""
+"""The guidedec command line: generate (a model's outputs under a guide), serve (the
+OpenAI-compatible API) and demo (random logits under a JSON schema, no model)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from guidedec.cli_generate import CliError, generate, load_schema, schema_status
+from guidedec.cli_generate import CliError, build_llm, generate, load_schema, schema_status
 
 DEMO_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -179,10 +179,32 @@ def _add_generate(commands: Any) -> None:
     run.set_defaults(func=generate)
 
 
+def serve(args: argparse.Namespace) -> int:
+    """Serve the OpenAI-compatible API (completions, chat completions, structured outputs)."""
+    import uvicorn
+
+    from guidedec.server import create_app
+
+    app = create_app(build_llm(args), model_name=args.served_model_name)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _add_serve(commands: Any) -> None:
+    run = commands.add_parser("serve", help=serve.__doc__, description=serve.__doc__)
+    _add_engine(run)
+    run.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    run.add_argument("--port", type=_int_at_least(1), default=8000, help="port to listen on")
+    run.add_argument("--served-model-name", help="model id in the API (default: --model)")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.set_defaults(func=serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guidedec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
+    _add_serve(commands)
     _add_demo(commands)
     return parser
 

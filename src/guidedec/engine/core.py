@@ -118,6 +118,14 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def output_so_far(self, request_id: int) -> list[int] | None:
+        """The tokens an unfinished request has generated so far (for streaming); None once it
+        has finished or when the id is unknown."""
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        return list(request.output_token_ids)
+
     # --- the step -----------------------------------------------------------------------------
 
     def _run_batch(self, batch: list[Scheduled]) -> list[Request]:

@@ -1,0 +1,305 @@
+"""The OpenAI-compatible server, live on 127.0.0.1, driven by the official ``openai`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import psutil
+import pytest
+import uvicorn
+
+from guidedec import LLM
+from guidedec.server import create_app
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Lima"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    llm = LLM("tiny-random", max_num_seqs=8, json_whitespace="compact")
+    port = free_port()
+    config = uvicorn.Config(create_app(llm), host="127.0.0.1", port=port, log_level="warning")
+    instance = uvicorn.Server(config)
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while not instance.started:
+        assert time.time() < deadline, "the server did not start"
+        time.sleep(0.05)
+    yield url
+    instance.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_health_and_models(server: str, client: openai.OpenAI) -> None:
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+    assert [m.id for m in client.models.list().data] == ["tiny-random"]
+
+
+def test_completions_with_every_structured_output_kind(client: openai.OpenAI) -> None:
+    cases = {
+        "json": ({"json": PERSON}, lambda t: _valid(t, PERSON)),
+        "regex": ({"regex": "(yes|no)-[0-9]"}, lambda t: re.fullmatch("(yes|no)-[0-9]", t)),
+        "choice": ({"choice": ["red", "blue"]}, lambda t: t in ("red", "blue")),
+        "grammar": ({"grammar": 'root ::= "(" [a-c] ")"'}, lambda t: re.fullmatch(r"\([a-c]\)", t)),
+        "lark": ({"lark": 'start: "<" /[0-9]/ ">"'}, lambda t: re.fullmatch("<[0-9]>", t)),
+    }
+    for name, (structured, check) in cases.items():
+        out = client.completions.create(
+            model="tiny-random",
+            prompt="Answer:",
+            max_tokens=40,
+            temperature=0,
+            extra_body={"structured_outputs": structured},
+        )
+        choice = out.choices[0]
+        assert choice.finish_reason == "stop", (name, choice)
+        assert check(choice.text), (name, choice.text)
+        assert out.usage is not None and out.usage.completion_tokens > 0
+
+
+def test_chat_response_formats(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Describe a person."}]
+    out = client.chat.completions.create(
+        model="tiny-random",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=40,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
+    )
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content or ""), PERSON)
+    out = client.chat.completions.create(
+        model="tiny-random",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    if out.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(out.choices[0].message.content or ""), dict)
+    text = client.chat.completions.create(
+        model="tiny-random",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=5,
+        response_format={"type": "text"},
+    )
+    assert text.choices[0].finish_reason == "length"
+
+
+def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
+    kwargs = {"model": "tiny-random", "max_tokens": 40, "temperature": 0}
+    body = {"structured_outputs": {"json": PERSON}}
+    whole = client.completions.create(prompt="A person:", extra_body=body, **kwargs)
+    chunks = list(
+        client.completions.create(prompt="A person:", extra_body=body, stream=True, **kwargs)
+    )
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    messages = [{"role": "user", "content": "A person:"}]
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    chat = client.chat.completions.create(messages=messages, response_format=rf, **kwargs)  # type: ignore[arg-type]
+    stream = client.chat.completions.create(
+        messages=messages,  # type: ignore[arg-type]
+        response_format=rf,  # type: ignore[arg-type]
+        stream=True,
+        **kwargs,
+    )
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(pieces) == chat.choices[0].message.content
+    jsonschema.validate(json.loads("".join(pieces)), PERSON)
+
+
+def test_tools_required_and_named(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for choice in ["required", {"type": "function", "function": {"name": "get_time"}}]:
+        out = client.chat.completions.create(
+            model="tiny-random",
+            messages=messages,  # type: ignore[arg-type]
+            tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
+            tool_choice=choice,  # type: ignore[arg-type]
+            max_tokens=200,
+            temperature=0,
+        )
+        message = out.choices[0].message
+        assert out.choices[0].finish_reason == "tool_calls", out
+        assert message.tool_calls, message
+        for call in message.tool_calls:
+            tool = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]
+            schema = tool["function"]["parameters"]  # type: ignore[index]
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+        if isinstance(choice, dict):
+            assert {c.function.name for c in message.tool_calls} == {"get_time"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": 10**6}, "max_tokens"),
+        ({"prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"prompt": "x", "structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+        ({"prompt": "x", "structured_outputs": {"json": {"type": 12}}}, "structured_outputs"),
+        ({"prompt": "x", "response_format": {"type": "xml"}}, "response_format"),
+        ({"prompt": "tok " * 5000}, "prompt"),
+        ({}, "prompt"),
+    ],
+)
+def test_bad_requests_get_400_with_an_openai_error(server: str, body: dict, param: str) -> None:
+    response = httpx.post(f"{server}/v1/completions", json={"model": "tiny-random", **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert param in (error["param"] or "") or param in error["message"]
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_invalid_json_body_is_a_400(server: str) -> None:
+    response = httpx.post(
+        f"{server}/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400 and "error" in response.json()
+
+
+def test_the_openai_client_raises_bad_request(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="regex"):
+        client.completions.create(
+            model="tiny-random", prompt="x", extra_body={"structured_outputs": {"regex": "("}}
+        )
+
+
+def schema_for(i: int) -> dict:
+    return {
+        "type": "object",
+        "properties": {f"k{i}": {"type": "integer", "minimum": i, "maximum": i + 9}},
+        "required": [f"k{i}"],
+        "additionalProperties": False,
+    }
+
+
+def test_32_concurrent_clients_with_different_schemas(server: str) -> None:
+    async def one_client(http: httpx.AsyncClient, i: int) -> list[bool]:
+        results = []
+        for _ in range(4):
+            body = {
+                "model": "tiny-random",
+                "prompt": f"client {i}:",
+                "max_tokens": 24,
+                "structured_outputs": {"json": schema_for(i)},
+            }
+            response = await http.post(f"{server}/v1/completions", json=body)
+            choice = response.json()["choices"][0]
+            ok = choice["finish_reason"] == "length" or _valid(choice["text"], schema_for(i))
+            results.append(response.status_code == 200 and ok)
+        return results
+
+    async def run() -> list[list[bool]]:
+        async with httpx.AsyncClient(timeout=300) as http:
+            return await asyncio.gather(*(one_client(http, i) for i in range(32)))
+
+    results = asyncio.run(run())
+    assert all(all(r) for r in results) and sum(map(len, results)) == 128
+    assert httpx.get(f"{server}/health").json()["active_requests"] == 0
+
+
+def _valid(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def test_soak_with_malformed_requests_and_disconnects(server: str) -> None:
+    process = psutil.Process()
+
+    async def one(http: httpx.AsyncClient, i: int) -> str:
+        kind = i % 4
+        if kind == 0:  # malformed
+            body = {"prompt": "x", "structured_outputs": {"regex": "(" * (i % 3 + 1)}}
+            return str((await http.post(f"{server}/v1/completions", json=body)).status_code)
+        body = {
+            "prompt": f"soak {i}",
+            "max_tokens": 200 if kind == 3 else 8,
+            "stream": kind == 3,
+            "structured_outputs": {"json": schema_for(i % 7)},
+        }
+        if kind == 3:  # disconnect after the first event
+            async with http.stream("POST", f"{server}/v1/completions", json=body) as response:
+                async for _ in response.aiter_lines():
+                    break
+            return "disconnected"
+        return str((await http.post(f"{server}/v1/completions", json=body)).status_code)
+
+    async def run(n: int, start: int) -> list[str]:
+        async with httpx.AsyncClient(timeout=300) as http:
+            return await asyncio.gather(*(one(http, start + i) for i in range(n)))
+
+    asyncio.run(run(20, 0))  # warm-up: compile caches, allocator pools
+    before = process.memory_info().rss
+    outcomes = asyncio.run(run(200, 1000))
+    assert outcomes.count("400") == 50 and outcomes.count("200") == 100
+    assert outcomes.count("disconnected") == 50
+    deadline = time.time() + 60
+    while httpx.get(f"{server}/health").json()["active_requests"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(f"{server}/health").json()["active_requests"] == 0
+    growth_mb = (process.memory_info().rss - before) / 2**20
+    assert growth_mb < 300, f"resident memory grew by {growth_mb:.0f} MiB"

@@ -185,6 +185,18 @@ def test_tools_required_and_named(client: openai.OpenAI) -> None:
             jsonschema.validate(json.loads(call.function.arguments), schema)
         if isinstance(choice, dict):
             assert {c.function.name for c in message.tool_calls} == {"get_time"}
+    single = client.chat.completions.create(
+        model="tiny-random",
+        messages=messages,  # type: ignore[arg-type]
+        tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        temperature=0.9,
+        seed=1,
+    )
+    assert single.choices[0].finish_reason == "tool_calls"
+    assert len(single.choices[0].message.tool_calls or []) == 1
 
 
 @pytest.mark.parametrize(

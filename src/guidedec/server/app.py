@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from guidedec.engine import LLM, RequestOutput, SamplingParams
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize
 from guidedec.errors import GuidedecError
+from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.server.async_engine import AsyncEngine
 from guidedec.server.chat import render_chat
 from guidedec.server.protocol import (
@@ -110,6 +112,8 @@ class _Api:
         tools = (body.tools, body.tool_choice) if _calls_tools(body) else None
         max_tokens = body.max_completion_tokens or body.max_tokens
         params = await self._params(body, prompt, max_tokens, tools=tools)
+        if tools and body.tool_choice == "required" and not body.parallel_tool_calls:
+            params = replace(params, guided_decoding=_one_call(params.guided_decoding))
         shape = _Shape("chatcmpl", "chat.completion", self.name)
         if body.stream:
             return _sse(self._stream_chat(prompt, params, shape, tools))
@@ -246,6 +250,12 @@ def _chat_message(output: RequestOutput, llm: LLM, tools: Any) -> tuple[dict[str
         if calls:
             return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
     return {"role": "assistant", "content": output.text}, _reason(output)
+
+
+def _one_call(guide: GuidedDecodingParams | None) -> GuidedDecodingParams:
+    """The ``"required"`` tool-call guide (a JSON array of calls) limited to one call."""
+    assert guide is not None and isinstance(guide.guide, str)
+    return GuidedDecodingParams(json_schema={**json.loads(guide.guide), "maxItems": 1})
 
 
 def _reason(output: RequestOutput) -> str:

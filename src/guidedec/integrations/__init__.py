@@ -1,0 +1,8 @@
+"""Adapters that plug guidedec into other libraries' generation loops.
+
+- :mod:`guidedec.integrations.transformers`: ``GuidedLogitsProcessor``, a
+  ``transformers.LogitsProcessor`` for ``model.generate`` (plain and assisted generation).
+
+Each adapter is imported from its own module, so that importing this package imports nothing
+heavy.
+"""

@@ -315,3 +315,14 @@ def test_soak_with_malformed_requests_and_disconnects(server: str) -> None:
     assert httpx.get(f"{server}/health").json()["active_requests"] == 0
     growth_mb = (process.memory_info().rss - before) / 2**20
     assert growth_mb < 300, f"resident memory grew by {growth_mb:.0f} MiB"
+
+
+def test_serve_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from guidedec.cli import build_parser, main, serve
+
+    args = build_parser().parse_args(["serve", "--port", "9123", "--whitespace", "compact"])
+    assert args.func is serve and args.port == 9123 and args.host == "127.0.0.1"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    assert "--served-model-name" in capsys.readouterr().out

@@ -189,7 +189,7 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
         prompts = self._prompts
         assert prompts is not None
         if input_ids.shape[1] < prompts.shape[1] or not torch.equal(
-            input_ids[:, : prompts.shape[1]], prompts.to(input_ids.device)
+            input_ids[:, : prompts.shape[1]], prompts
         ):
             raise ValueError(
                 "input_ids no longer start with the prompts of the first call "
@@ -294,8 +294,6 @@ def _row_failure(row: int, message: str) -> str:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i in range(n) if a[i] != b[i]), n)

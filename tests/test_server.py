@@ -29,6 +29,15 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+TAG = {
+    "type": "structural_tag",
+    "format": {
+        "type": "tag",
+        "begin": "<a>",
+        "content": {"type": "json_schema", "json_schema": {"enum": ["x", "y"]}},
+        "end": "</a>",
+    },
+}
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -96,6 +105,8 @@ def test_completions_with_every_structured_output_kind(client: openai.OpenAI) ->
         "choice": ({"choice": ["red", "blue"]}, lambda t: t in ("red", "blue")),
         "grammar": ({"grammar": 'root ::= "(" [a-c] ")"'}, lambda t: re.fullmatch(r"\([a-c]\)", t)),
         "lark": ({"lark": 'start: "<" /[0-9]/ ">"'}, lambda t: re.fullmatch("<[0-9]>", t)),
+        "structural_tag": ({"structural_tag": TAG}, lambda t: t in ('<a>"x"</a>', '<a>"y"</a>')),
+        "json_object": ({"json_object": True}, lambda t: isinstance(json.loads(t), dict)),
     }
     for name, (structured, check) in cases.items():
         out = client.completions.create(
@@ -106,6 +117,8 @@ def test_completions_with_every_structured_output_kind(client: openai.OpenAI) ->
             extra_body={"structured_outputs": structured},
         )
         choice = out.choices[0]
+        if name == "json_object" and choice.finish_reason == "length":
+            continue  # a random model may never close an open-ended object: nothing to parse
         assert choice.finish_reason == "stop", (name, choice)
         assert check(choice.text), (name, choice.text)
         assert out.usage is not None and out.usage.completion_tokens > 0

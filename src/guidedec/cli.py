@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from guidedec.cli_bench import BenchError, add_bench
 from guidedec.cli_generate import CliError, build_llm, generate, load_schema, schema_status
 
 DEMO_SCHEMA: dict[str, Any] = {
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
     _add_serve(commands)
+    add_bench(commands)
     _add_demo(commands)
     return parser
 
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"generate: prompt {empty[0]} is empty")
     try:
         return int(args.func(args))
-    except CliError as exc:
+    except (CliError, BenchError) as exc:
         print(f"guidedec: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

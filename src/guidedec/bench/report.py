@@ -1,0 +1,163 @@
+"""Summaries, the Markdown table and the plots of ``guidedec bench compliance``."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from guidedec.bench.compliance_worker import Task, Times
+
+
+def quantiles(values: Sequence[float] | np.ndarray[Any, Any]) -> dict[str, float | int | None]:
+    """Count, mean, p50 and p99 of ``values`` (None when empty)."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return {"n": 0, "mean": None, "p50": None, "p99": None}
+    p50, p99 = np.percentile(data, [50, 99])
+    return {"n": int(data.size), "mean": float(data.mean()), "p50": float(p50), "p99": float(p99)}
+
+
+def mask_times(tasks: Iterable[Task], name: str, times: Times) -> np.ndarray[Any, Any]:
+    """Every mask fill time (us) of backend ``name`` over ``tasks``."""
+    arrays: list[array[float]] = [
+        times[(t.subset, t.index)][name]
+        for t in tasks
+        if name in times.get((t.subset, t.index), {})
+    ]
+    if not arrays:
+        return np.zeros(0)
+    return np.concatenate([np.frombuffer(a, dtype=np.float32) for a in arrays]).astype(np.float64)
+
+
+def summarise(tasks: Sequence[Task], backends: Sequence[str], times: Times) -> dict[str, Any]:
+    """Per backend: counts, coverage, compliance, compile and mask times over ``tasks``."""
+    summary: dict[str, Any] = {}
+    for name in backends:
+        done = [t.done[name] for t in tasks]
+        compiled = [d for d in done if d["compiled"]]
+        terminated = sum(d["gen_terminated"] - d["gen_unchecked"] for d in done)
+        valid = sum(d["gen_valid"] for d in done)
+        summary[name] = {
+            "schemas": len(done),
+            "compiled": len(compiled),
+            "covered": sum(bool(d["covered"]) for d in done),
+            "coverage_pct": 100.0 * sum(bool(d["covered"]) for d in done) / max(1, len(done)),
+            "false_negatives": sum(d["false_negatives"] for d in done),
+            "false_positives": sum(d["false_positives"] for d in done),
+            "crashes": sum(d.get("killed") == "crash" for d in done),
+            "hangs": sum(d.get("killed") == "hang" for d in done),
+            "gen_outputs": sum(d["gen_outputs"] for d in done),
+            "gen_terminated": terminated,
+            "gen_valid": valid,
+            "compliance_pct": 100.0 * valid / terminated if terminated else None,
+            "compile_s": quantiles(
+                [d["compile_s"] for d in compiled if d["compile_s"] is not None]
+            ),
+            "mask_us": quantiles(mask_times(tasks, name, times)),
+        }
+    return summary
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+TABLE_HEADER = (
+    "| subset | backend | schemas | compiled | coverage % | FN | FP | crash/hang | compliance % "
+    "| compile ms p50 / p99 | mask us mean / p50 / p99 |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+NOTES = (
+    "coverage: compiled within the timeout, every valid instance accepted token by token under "
+    "its masks (FN: not) and every invalid one rejected (FP: accepted), over all schemas. "
+    "compliance: random-logits outputs that terminated and validate with jsonschema "
+    "(valid / terminated). Compile times over compiled schemas; mask times per "
+    "`fill_next_token_bitmask`, over every fill (instances and generation)."
+)
+
+
+def table_rows(subset: str, summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, s in summary.items():
+        c, m = s["compile_s"], s["mask_us"]
+        compile_ms = "-" if c["p50"] is None else f"{1000 * c['p50']:.1f} / {1000 * c['p99']:.1f}"
+        mask = "-" if m["mean"] is None else f"{m['mean']:.0f} / {m['p50']:.0f} / {m['p99']:.0f}"
+        compliance = _num(s["compliance_pct"], ".1f")
+        if s["gen_terminated"]:
+            compliance += f" ({s['gen_valid']}/{s['gen_terminated']})"
+        cells = [
+            subset,
+            name,
+            s["schemas"],
+            s["compiled"],
+            f"{s['coverage_pct']:.1f}",
+            s["false_negatives"],
+            s["false_positives"],
+            f"{s['crashes']}/{s['hangs']}",
+            compliance,
+            compile_ms,
+            mask,
+        ]
+        rows.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return rows
+
+
+def markdown(summaries: dict[str, dict[str, Any]]) -> str:
+    rows = [row for subset, s in summaries.items() for row in table_rows(subset, s)]
+    return "\n".join([TABLE_HEADER, *rows]) + "\n\n" + NOTES + "\n"
+
+
+def plot(
+    out: Path,
+    summaries: dict[str, dict[str, Any]],
+    samples: dict[str, np.ndarray[Any, Any]],
+) -> list[Path]:
+    """``coverage.png`` (grouped bars: subset x backend) and ``mask_times.png`` (histograms of
+    mask fill times per backend, log scale). Returns the files written."""
+    from matplotlib.figure import Figure
+
+    subsets = list(summaries)
+    backends = list(samples)
+    fig = Figure(figsize=(max(6.0, 1.2 * len(subsets) * len(backends) / 2 + 2), 4.5))
+    ax = fig.subplots()
+    width = 0.8 / max(1, len(backends))
+    positions = np.arange(len(subsets))
+    for k, name in enumerate(backends):
+        values = [summaries[s][name]["coverage_pct"] for s in subsets]
+        bars = ax.bar(positions + k * width, values, width, label=name)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(positions + width * (len(backends) - 1) / 2, subsets, rotation=20)
+    ax.set_ylabel("coverage %")
+    ax.set_ylim(0, 120)
+    ax.set_title("Schemas covered (compiled, no FN, no FP)")
+    ax.legend(loc="upper right", ncol=len(backends))
+    fig.tight_layout()
+    coverage = out / "coverage.png"
+    fig.savefig(coverage, dpi=110)
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    positive = [v[v > 0] for v in samples.values() if (v > 0).any()]
+    if positive:
+        low = max(0.1, min(float(v.min()) for v in positive))
+        high = max(float(v.max()) for v in positive)
+        bins = np.geomspace(low, max(high, low * 10), 60)
+        for name, sample in samples.items():
+            if sample.size:
+                ax.hist(
+                    sample, bins=bins.tolist(), histtype="step", label=f"{name} ({sample.size})"
+                )
+        ax.set_xscale("log")
+        ax.legend()
+    ax.set_xlabel("mask fill time (us)")
+    ax.set_ylabel("fills")
+    ax.set_title("Mask time distribution (all subsets)")
+    fig.tight_layout()
+    masks = out / "mask_times.png"
+    fig.savefig(masks, dpi=110)
+    return [coverage, masks]

@@ -1,0 +1,59 @@
+"""``guidedec bench``: the measuring instruments behind one command.
+
+``compliance`` is part of the package; ``apply``, ``decoder`` and ``e2e`` run the scripts of
+the same names in the source checkout's ``benchmarks/`` folder (they are developer tools that
+compare against other libraries, so they are not installed with the package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = {
+    "apply": "bench_apply.py",
+    "decoder": "bench_decoder.py",
+    "e2e": "bench_e2e.py",
+}
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+class BenchError(RuntimeError):
+    """A benchmark cannot run here; the message says why."""
+
+
+def add_bench(commands: Any) -> None:
+    run = commands.add_parser(
+        "bench",
+        help="run a benchmark (compliance, apply, decoder, e2e)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("name", choices=["compliance", *SCRIPTS], help="which benchmark")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="its options (see NAME --help)")
+    run.set_defaults(func=bench)
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Run one benchmark with its own command-line options."""
+    if args.name == "compliance":
+        from guidedec.bench.compliance import main
+
+        return main(args.args)
+    script = BENCHMARKS / SCRIPTS[args.name]
+    if not script.is_file():
+        raise BenchError(
+            f"{script} not found: 'guidedec bench {args.name}' runs from a source checkout"
+        )
+    saved = sys.argv
+    sys.argv = [str(script), *args.args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return int(exc.code or 0) if isinstance(exc.code, int | None) else 1
+    finally:
+        sys.argv = saved
+    return 0

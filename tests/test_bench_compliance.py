@@ -1,0 +1,144 @@
+"""``guidedec bench compliance`` on a tiny slice: outputs, per-schema records, consistent counts,
+a hand-made subset every backend covers, a malformed schema counted as a compile failure, and a
+forced worker crash counted without ending the run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guidedec.bench.compliance import main
+from guidedec.bench.compliance_worker import ALL, CRASH_ENV
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+JME = DATA / "jsonschemabench" / "JME.jsonl"
+SUITE_FILE = DATA / "json-schema-test-suite" / "tests" / "draft2020-12" / "maxLength.json"
+
+GOOD_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+GOOD = [
+    {
+        "file": "good",
+        "schema": GOOD_SCHEMA,
+        "tests": [
+            {"data": {"a": 1}, "valid": True},
+            {"data": {"a": "x"}, "valid": False},
+            {"data": {}, "valid": False},
+        ],
+    }
+]
+BAD = [
+    {
+        "file": "malformed",
+        "schema": {"type": "no-such-type"},
+        "tests": [{"data": 1, "valid": True}],
+    },
+    {"file": "crash_me", "schema": GOOD_SCHEMA, "tests": [{"data": {"a": 2}, "valid": True}]},
+]
+RECORD_FIELDS = {
+    "compiled",
+    "error",
+    "compile_s",
+    "killed",
+    "false_negatives",
+    "false_positives",
+    "covered",
+    "mask_fills",
+    "mask_us_mean",
+    "gen_outputs",
+    "gen_terminated",
+    "gen_valid",
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    if not JME.exists() or not SUITE_FILE.exists():
+        pytest.skip(f"shared data not found under {DATA}")
+    tmp = tmp_path_factory.mktemp("compliance")
+    for name, items in (("good", GOOD), ("bad", BAD)):
+        (tmp / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in items) + "\n")
+    suite = tmp / "suite"
+    suite.mkdir()
+    shutil.copy(SUITE_FILE, suite / SUITE_FILE.name)
+    out = tmp / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CRASH_ENV, "crash_me")
+        code = main(
+            [
+                str(JME),
+                str(tmp / "good.jsonl"),
+                str(tmp / "bad.jsonl"),
+                str(suite),
+                "--limit",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+    assert code == 0
+    payload = json.loads((out / "compliance.json").read_text())
+    return out, payload, (out / "summary.md").read_text()
+
+
+def records(payload: dict[str, Any], subset: str) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r["backends"] for r in payload["schemas"] if r["subset"] == subset}
+
+
+def test_outputs_exist(run: tuple[Path, dict[str, Any], str]) -> None:
+    out, payload, summary = run
+    for name in ("summary.md", "compliance.json", "coverage.png", "mask_times.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert set(payload["summary"]) == {"JME", "good", "bad", "suite", "all"}
+    assert summary.startswith("| subset | backend |")
+    assert "| good | auto | 1 | 1 | 100.0 | 0 | 0 |" in summary
+
+
+def test_records_and_counts(run: tuple[Path, dict[str, Any], str]) -> None:
+    _, payload, _ = run
+    assert (
+        len(payload["schemas"]) == 3 + 1 + 2 + 2
+    )  # JME --limit 3, good 1, bad 2, maxLength's 2 groups
+    for rec in payload["schemas"]:
+        assert set(rec["backends"]) == set(ALL)
+        for result in rec["backends"].values():
+            assert set(result) >= RECORD_FIELDS
+            assert result["covered"] <= result["compiled"]
+            assert result["gen_valid"] <= result["gen_terminated"] <= result["gen_outputs"]
+    for summary in payload["summary"].values():
+        for s in summary.values():
+            assert 0 <= s["covered"] <= s["compiled"] <= s["schemas"]
+    jme = payload["summary"]["JME"]
+    assert all(jme[name]["compiled"] == 3 for name in ALL)
+    assert all(jme[name]["mask_us"]["n"] > 0 for name in ALL)
+
+
+def test_hand_made_subsets(run: tuple[Path, dict[str, Any], str]) -> None:
+    _, payload, _ = run
+    good, bad = records(payload, "good")["good"], records(payload, "bad")
+    for name in ALL:
+        assert good[name]["compiled"] and good[name]["covered"], (name, good[name])
+        assert good[name]["false_negatives"] == good[name]["false_positives"] == 0
+        assert good[name]["gen_outputs"] > 0
+        assert payload["summary"]["good"][name]["coverage_pct"] == 100.0
+        malformed = bad["malformed"][name]
+        assert not malformed["compiled"] and malformed["error"] and not malformed["killed"]
+        crashed = bad["crash_me"][name]
+        assert crashed["killed"] == "crash" and not crashed["compiled"], crashed
+        summary = payload["summary"]["bad"][name]
+        assert (summary["compiled"], summary["covered"], summary["crashes"]) == (0, 0, 1)
+
+
+def test_bad_data_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "out")]) == 1
+    assert "missing.jsonl" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(JME), "--backend", "nope"])

@@ -25,86 +25,12 @@ from typing import Any
 
 import torch
 
+from guidedec.bench.cases import JSON_CASES as CASES
 from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask, bitmask_size
 
 VOCAB_SIZE = 129280
 STOP_TOKEN_IDS = [1]
 ApplyFn = Callable[[torch.Tensor, torch.Tensor], None]
-
-# (schema, instance) pairs: structural positions give sparse rows, strings give dense ones.
-CASES: list[tuple[dict[str, Any], Any]] = [
-    (
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "age": {"type": "integer"},
-                "tags": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["name", "age", "tags"],
-        },
-        {"name": "Ada Lovelace", "age": 36, "tags": ["mathematician", "writer"]},
-    ),
-    (
-        {
-            "type": "object",
-            "properties": {
-                "sku": {"type": "string"},
-                "price": {"type": "number"},
-                "in_stock": {"type": "boolean"},
-                "category": {"enum": ["book", "music", "film"]},
-                "dimensions": {
-                    "type": "object",
-                    "properties": {"w": {"type": "number"}, "h": {"type": "number"}},
-                    "required": ["w", "h"],
-                },
-            },
-            "required": ["sku", "price", "in_stock", "category", "dimensions"],
-        },
-        {
-            "sku": "BK-0042",
-            "price": 12.5,
-            "in_stock": True,
-            "category": "book",
-            "dimensions": {"w": 13.2, "h": 20.3},
-        },
-    ),
-    (
-        {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "date": {"type": "string"},
-                    "event": {"type": "string"},
-                    "attendees": {"type": "integer", "minimum": 0},
-                },
-                "required": ["date", "event", "attendees"],
-            },
-        },
-        [
-            {"date": "2024-05-01", "event": "Launch review", "attendees": 12},
-            {"date": "2024-05-03", "event": "Retrospective, part two", "attendees": 7},
-        ],
-    ),
-    (
-        {
-            "type": "object",
-            "properties": {
-                "title": {"type": "string"},
-                "summary": {"type": "string"},
-                "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-            },
-            "required": ["title", "summary", "rating"],
-        },
-        {
-            "title": "A short review",
-            "summary": "The kernel skips words that are all allowed, fills rows that are mostly "
-            "forbidden in bulk and only unpacks the few words in between.",
-            "rating": 4,
-        },
-    ),
-]
 
 
 def load_tokenizer_info() -> tuple[Any, Any]:

@@ -28,10 +28,8 @@ Run: ``HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/bench_decoder.py``
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -47,87 +45,14 @@ import xgrammar
 
 import guidedec
 from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, GuidedRequest
+from guidedec.bench.cases import JSON_CASES as CASES
+from guidedec.bench.environment import environment
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
 
 TARGET_OVERHEAD_PCT = 15.0
 BACKENDS = ("xgrammar", "llguidance")
-
-# (schema, instance) pairs, as in bench_apply.py: structural positions and string contents.
-CASES: list[tuple[dict[str, Any], Any]] = [
-    (
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "age": {"type": "integer"},
-                "tags": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["name", "age", "tags"],
-        },
-        {"name": "Ada Lovelace", "age": 36, "tags": ["mathematician", "writer"]},
-    ),
-    (
-        {
-            "type": "object",
-            "properties": {
-                "sku": {"type": "string"},
-                "price": {"type": "number"},
-                "in_stock": {"type": "boolean"},
-                "category": {"enum": ["book", "music", "film"]},
-                "dimensions": {
-                    "type": "object",
-                    "properties": {"w": {"type": "number"}, "h": {"type": "number"}},
-                    "required": ["w", "h"],
-                },
-            },
-            "required": ["sku", "price", "in_stock", "category", "dimensions"],
-        },
-        {
-            "sku": "BK-0042",
-            "price": 12.5,
-            "in_stock": True,
-            "category": "book",
-            "dimensions": {"w": 13.2, "h": 20.3},
-        },
-    ),
-    (
-        {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "date": {"type": "string"},
-                    "event": {"type": "string"},
-                    "attendees": {"type": "integer", "minimum": 0},
-                },
-                "required": ["date", "event", "attendees"],
-            },
-        },
-        [
-            {"date": "2024-05-01", "event": "Launch review", "attendees": 12},
-            {"date": "2024-05-03", "event": "Retrospective, part two", "attendees": 7},
-        ],
-    ),
-    (
-        {
-            "type": "object",
-            "properties": {
-                "title": {"type": "string"},
-                "summary": {"type": "string"},
-                "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-            },
-            "required": ["title", "summary", "rating"],
-        },
-        {
-            "title": "A short review",
-            "summary": "The kernel skips words that are all allowed, fills rows that are mostly "
-            "forbidden in bulk and only unpacks the few words in between.",
-            "rating": 4,
-        },
-    ),
-]
 
 
 @dataclass(frozen=True)
@@ -545,15 +470,8 @@ def write_json(
         "repeats": args.repeats,
         "seed": args.seed,
         "target_overhead_pct": TARGET_OVERHEAD_PCT,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "xgrammar": importlib.metadata.version("xgrammar"),
-        "llguidance": importlib.metadata.version("llguidance"),
-        "guidedec": guidedec.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
+        **environment(),
         "load_average_at_start": load,
-        "machine": platform.processor() or platform.machine(),
         "rows": rows,
     }
     path = args.out / "bench_decoder.json"

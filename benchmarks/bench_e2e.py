@@ -19,10 +19,8 @@ Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_e2e.py``
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,8 +30,8 @@ from typing import Any
 
 import torch
 
-import guidedec
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.bench.environment import environment
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 MODES = ("unguided", "guided")
@@ -210,15 +208,8 @@ def write_json(args: argparse.Namespace, load: float, rows: list[dict[str, Any]]
         "repeats": args.repeats,
         "seed": args.seed,
         "target_ratio": TARGET_RATIO,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "xgrammar": importlib.metadata.version("xgrammar"),
-        "llguidance": importlib.metadata.version("llguidance"),
-        "guidedec": guidedec.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
+        **environment(),
         "load_average_at_start": load,
-        "machine": platform.processor() or platform.machine(),
         "rows": rows,
     }
     path = args.out / "bench_e2e.json"

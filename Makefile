@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-compliance bench-readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,24 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest -n 2 --dist loadfile -q
 
+# The speed benchmarks (minutes) and the compliance benchmark over every JSON-schema subset of
+# DATA (about an hour on 2 cores); each writes JSON, PNG and summary.md under bench-out/.
+# `make bench-readme` runs both and puts the tables into README.md.
+DATA ?= ../shared/data
+BENCH_OUT ?= bench-out
+
 bench: $(STAMP)
-	$(PY) benchmarks/bench_apply.py
-	$(PY) benchmarks/bench_decoder.py
-	$(PY) benchmarks/bench_e2e.py
+	$(PY) -m guidedec bench apply --out $(BENCH_OUT)/apply
+	$(PY) -m guidedec bench decoder --out $(BENCH_OUT)/decoder
+	$(PY) -m guidedec bench e2e --batches 1 8 --out $(BENCH_OUT)/e2e
+
+bench-compliance: $(STAMP)
+	$(PY) -m guidedec bench compliance $(DATA)/jsonschemabench/*.jsonl \
+		$(DATA)/json-schema-test-suite/tests/draft2020-12 \
+		$(DATA)/json-schema-test-suite/tests/draft7 --out $(BENCH_OUT)/compliance
+
+bench-readme: bench bench-compliance
+	$(PY) -m guidedec bench readme --results $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache

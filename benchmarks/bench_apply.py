@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from guidedec.bench.cases import JSON_CASES as CASES
+from guidedec.bench.plots import grouped_bars, write_summary
 from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask, bitmask_size
 
 VOCAB_SIZE = 129280
@@ -208,12 +209,23 @@ def main(argv: list[str] | None = None) -> None:
     for batch in args.batches:
         check_agreement(apply_fns, samples[batch])
         results[batch] = summarize(time_batch(apply_fns, samples[batch], args.repeats))
-    print(
+    text = (
         f"rows: {composition}; torch threads: {torch.get_num_threads()}; repeats: {args.repeats}\n"
+        f"\n{markdown_tables(results, first, first_batch)}"
     )
-    print(markdown_tables(results, first, first_batch))
+    print(text)
     if args.out is not None:
         write_json(args, composition, results, first, first_batch)
+        write_summary(args.out, text)
+        grouped_bars(
+            args.out / "bench_apply.png",
+            title=f"apply_bitmask, V = {VOCAB_SIZE:,}, float32 (median per call)",
+            ylabel="ms per call (log)",
+            groups=[f"batch {b}" for b in results],
+            series={m: [results[b][m]["median"] for b in results] for m in apply_fns},
+            log=True,
+        )
+        print(f"wrote {args.out / 'summary.md'}, {args.out / 'bench_apply.png'}")
 
 
 def write_json(

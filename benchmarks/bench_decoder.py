@@ -47,6 +47,7 @@ import guidedec
 from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, GuidedRequest
 from guidedec.bench.cases import JSON_CASES as CASES
 from guidedec.bench.environment import environment
+from guidedec.bench.plots import grouped_bars, write_summary
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
@@ -443,10 +444,26 @@ def main(argv: list[str] | None = None) -> None:
             for drafts in args.drafts:
                 setting = Setting(config, factory, cases, batch, drafts)
                 rows.append(summarize(setting, measure(setting, args.repeats, rng)))
-    print(header(args, tok.vocab_size, cases, load) + "\n")
-    print(markdown_table(rows))
+    text = header(args, tok.vocab_size, cases, load) + "\n\n" + markdown_table(rows)
+    print(text)
     if args.out is not None:
         write_json(args, cases, load, rows)
+        write_summary(args.out, text)
+        settings = list(dict.fromkeys((r["batch"], r["drafts"]) for r in rows))
+        overhead = {(r["backend"], r["batch"], r["drafts"]): r["overhead_pct"] for r in rows}
+        grouped_bars(
+            args.out / "bench_decoder.png",
+            title="GuidedDecoder build + rollback over the raw backend calls (median)",
+            ylabel="overhead %",
+            groups=[f"B={b} K={k}" for b, k in settings],
+            series={
+                backend: [overhead.get((backend, b, k)) for b, k in settings]
+                for backend in args.backends
+            },
+            label_format="%+.1f",
+            reference=TARGET_OVERHEAD_PCT,
+        )
+        print(f"wrote {args.out / 'summary.md'}, {args.out / 'bench_decoder.png'}")
 
 
 def header(args: argparse.Namespace, vocab: int, cases: list[Case], load: float) -> str:

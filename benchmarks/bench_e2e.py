@@ -32,6 +32,7 @@ import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.environment import environment
+from guidedec.bench.plots import grouped_bars, write_summary
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 MODES = ("unguided", "guided")
@@ -179,11 +180,25 @@ def main(argv: list[str] | None = None) -> None:
     warm_up(llm, guide, max(args.batches), args.seed)
     samples = run_rounds(llm, args, guide)
     rows = [summarize(batch, samples[batch]) for batch in args.batches]
-    print(header(args, load, os.getloadavg()[0]) + "\n")
-    print(markdown_table(rows) + "\n")
-    print(target_line(rows))
+    text = (
+        f"{header(args, load, os.getloadavg()[0])}\n\n{markdown_table(rows)}\n\n{target_line(rows)}"
+    )
+    print(text)
     if args.out is not None:
         write_json(args, load, rows)
+        write_summary(args.out, text)
+        grouped_bars(
+            args.out / "bench_e2e.png",
+            title=f"tiny-random, {args.tokens} tokens per request (median tok/s)",
+            ylabel="tokens / s",
+            groups=[f"batch {r['batch']}" for r in rows],
+            series={
+                "unguided": [r["unguided_tokens_per_s"] for r in rows],
+                "guided": [r["guided_tokens_per_s"] for r in rows],
+            },
+            label_format="%.1f",
+        )
+        print(f"wrote {args.out / 'summary.md'}, {args.out / 'bench_e2e.png'}")
 
 
 def header(args: argparse.Namespace, load: float, load_end: float) -> str:

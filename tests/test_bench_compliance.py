@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from guidedec.bench.compliance import main
-from guidedec.bench.compliance_worker import ALL, CRASH_ENV
+from guidedec.bench.compliance_worker import ALL, BACKENDS, CRASH_ENV
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 JME = DATA / "jsonschemabench" / "JME.jsonl"
@@ -95,7 +95,7 @@ def records(payload: dict[str, Any], subset: str) -> dict[str, dict[str, Any]]:
 
 def test_outputs_exist(run: tuple[Path, dict[str, Any], str]) -> None:
     out, payload, summary = run
-    for name in ("summary.md", "compliance.json", "coverage.png", "mask_times.png"):
+    for name in ("summary.md", "misses.md", "compliance.json", "coverage.png", "mask_times.png"):
         assert (out / name).stat().st_size > 0, name
     assert set(payload["summary"]) == {"JME", "good", "bad", "suite", "all"}
     assert summary.startswith("| subset | backend |")
@@ -114,7 +114,8 @@ def test_records_and_counts(run: tuple[Path, dict[str, Any], str]) -> None:
             assert result["covered"] <= result["compiled"]
             assert result["gen_valid"] <= result["gen_terminated"] <= result["gen_outputs"]
     for summary in payload["summary"].values():
-        for s in summary.values():
+        for name in ALL:
+            s = summary[name]
             assert 0 <= s["covered"] <= s["compiled"] <= s["schemas"]
     jme = payload["summary"]["JME"]
     assert all(jme[name]["compiled"] == 3 for name in ALL)
@@ -142,3 +143,31 @@ def test_bad_data_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "missing.jsonl" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(JME), "--backend", "nope"])
+
+
+def test_auto_against_the_better_of_two(run: tuple[Path, dict[str, Any], str]) -> None:
+    _, payload, summary = run
+    for subset, s in payload["summary"].items():
+        versus = s["auto_vs_better"]
+        schemas = [r for r in payload["schemas"] if subset in ("all", r["subset"])]
+        better = [r for r in schemas if any(r["backends"][b]["covered"] for b in BACKENDS)]
+        assert versus["better_of_two"] == len(better)
+        assert versus["auto"] == s["auto"]["covered"]
+        below = [r["name"] for r in better if not r["backends"]["auto"]["covered"]]
+        assert versus["auto_below_better"] == below
+    assert "| good | 1 | 1 | 1 | 1 | 1 | none |" in summary
+
+
+def test_misses_list_every_uncovered_schema_with_its_cause(
+    run: tuple[Path, dict[str, Any], str],
+) -> None:
+    out, payload, _ = run
+    misses = (out / "misses.md").read_text()
+    for name in ALL:
+        section = misses.split(f"## {name}:")[1].split("\n## ")[0]
+        uncovered = [r for r in payload["schemas"] if not r["backends"][name]["covered"]]
+        assert section.startswith(f" {len(uncovered)} not covered")
+        for r in uncovered:
+            assert f"{r['subset']} `{r['name']}`" in section
+        assert "`malformed`" in section and "compile: " in section
+        assert "worker died" in section  # the forced crash, with its cause

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from guidedec.cli import main
@@ -11,6 +14,31 @@ def test_bench_apply_runs_the_apply_benchmark(capsys: pytest.CaptureFixture[str]
     assert main(["bench", "apply", "--batches", "1", "--repeats", "2", "--samples", "1"]) == 0
     out = capsys.readouterr().out
     assert "guidedec cpu" in out and "xgrammar cpu" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("apply", ["--batches", "1", "2", "--repeats", "2", "--samples", "1"]),
+        (
+            "decoder",
+            ["--backends", "xgrammar", "--batches", "1", "--drafts", "0", "--repeats", "2"],
+        ),
+        ("e2e", ["--batches", "1", "--tokens", "3", "--repeats", "1"]),
+    ],
+)
+def test_bench_out_writes_json_png_and_summary(
+    name: str, options: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / name
+    assert main(["bench", name, *options, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / f"bench_{name}.json").read_text())
+    assert report  # the measurements, with the environment they ran in
+    summary = (out / "summary.md").read_text()
+    assert summary.strip() and summary.strip().splitlines()[-1] in printed  # the printed tables
+    assert "|---" in summary
+    assert (out / f"bench_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_rejects_an_unknown_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
@@ -26,3 +54,27 @@ def test_bench_compliance_is_wired_to_the_compliance_runner(
     missing = tmp_path / "missing.jsonl"
     assert main(["bench", "compliance", str(missing), "--out", str(tmp_path / "out")]) == 1
     assert str(missing) in capsys.readouterr().err
+
+
+def test_bench_readme_splices_each_summary_between_its_markers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# T\n<!-- bench:apply -->\nold apply\n<!-- /bench:apply -->\nmiddle\n"
+        "<!-- bench:e2e -->\nold e2e\n<!-- /bench:e2e -->\nend\n"
+    )
+    results = tmp_path / "bench-out"
+    (results / "apply").mkdir(parents=True)
+    (results / "apply" / "summary.md").write_text("| new | apply |\n")
+    args = ["bench", "readme", "--readme", str(readme), "--results", str(results)]
+    assert main(args) == 0
+    assert readme.read_text() == (
+        "# T\n<!-- bench:apply -->\n| new | apply |\n<!-- /bench:apply -->\nmiddle\n"
+        "<!-- bench:e2e -->\nold e2e\n<!-- /bench:e2e -->\nend\n"
+    )
+    assert "updated apply" in capsys.readouterr().out
+    (results / "decoder").mkdir()
+    (results / "decoder" / "summary.md").write_text("x\n")  # no decoder block in this README
+    assert main(args) == 1
+    assert "bench:decoder" in capsys.readouterr().err

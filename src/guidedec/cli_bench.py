@@ -32,7 +32,11 @@ def add_bench(commands: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("name", choices=["compliance", *SCRIPTS], help="which benchmark")
+    run.add_argument(
+        "name",
+        choices=["compliance", *SCRIPTS, "readme"],
+        help="which benchmark ('readme': put bench-out/*/summary.md into README.md)",
+    )
     run.add_argument("args", nargs=argparse.REMAINDER, help="its options (see NAME --help)")
     run.set_defaults(func=bench)
 
@@ -43,6 +47,8 @@ def bench(args: argparse.Namespace) -> int:
         from guidedec.bench.compliance import main
 
         return main(args.args)
+    if args.name == "readme":
+        return update_readme(args.args)
     script = BENCHMARKS / SCRIPTS[args.name]
     if not script.is_file():
         raise BenchError(
@@ -56,4 +62,20 @@ def bench(args: argparse.Namespace) -> int:
         return int(exc.code or 0) if isinstance(exc.code, int | None) else 1
     finally:
         sys.argv = saved
+    return 0
+
+
+def update_readme(argv: list[str]) -> int:
+    """``guidedec bench readme [--readme PATH] [--results DIR]``."""
+    from guidedec.bench.readme import ReadmeError, update
+
+    parser = argparse.ArgumentParser(prog="guidedec bench readme")
+    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument("--results", type=Path, default=Path("bench-out"))
+    args = parser.parse_args(argv)
+    try:
+        done = update(args.readme, args.results)
+    except (OSError, ReadmeError) as exc:
+        raise BenchError(str(exc)) from exc
+    print(f"{args.readme}: updated {', '.join(done) or 'nothing'} from {args.results}")
     return 0

@@ -17,7 +17,9 @@ DATA is a JSONSchemaBench/MaskBench ``.jsonl`` file (lines ``{"schema", "tests":
 "valid"}]}``), a JSON-Schema-Test-Suite file (``[{"description", "schema", "tests"}]``) or a
 directory of them (its top-level ``*.json``). Each file (or directory) is a subset.
 
-Writes ``summary.md`` (also printed), ``compliance.json`` (summaries and per-schema records),
+Writes ``summary.md`` (also printed; with all three backends it also compares ``auto`` with the
+per-schema better of the two), ``misses.md`` (every schema a backend does not cover and every
+non-compliant output, with the cause), ``compliance.json`` (summaries and per-schema records),
 ``coverage.png`` and ``mask_times.png`` under ``--out``.
 
 Usage::
@@ -146,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from guidedec import TokenizerInfo
-    from guidedec.bench.report import markdown, mask_times, plot, summarise
+    from guidedec.bench.report import markdown, mask_times, misses_markdown, plot, summarise
     from guidedec.grammar.llguidance_backend import llguidance_tokenizer
     from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info
 
@@ -176,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summaries["all"] = summarise(tasks, backends, pool.times)
     report = markdown(summaries) + f"\n{len(tasks)} schemas in {elapsed:.1f} s.\n"
     (args.out / "summary.md").write_text(report, encoding="utf-8")
+    (args.out / "misses.md").write_text(misses_markdown(tasks, backends), encoding="utf-8")
     payload = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "elapsed_s": elapsed,

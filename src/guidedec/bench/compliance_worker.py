@@ -28,7 +28,7 @@ from guidedec import GuidedDecoder, GuidedDecodingConfig, TokenizerInfo
 from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
-from guidedec.testing import accepts_output, random_guided_generate
+from guidedec.testing import accepts_output, uniform_guided_generate
 
 BACKENDS = ("xgrammar", "llguidance")
 ALL = (*BACKENDS, "auto")
@@ -221,7 +221,8 @@ class Evaluator:
     def generate(
         self, name: str, params: GuidedDecodingParams, schema: Any, out: Outcome, times: Any
     ) -> None:
-        """Random-logits guided generation; terminated outputs are validated with jsonschema."""
+        """Random-logits guided generation (sampled uniformly from the masks: the same
+        distribution); terminated outputs are validated with jsonschema."""
         if name not in self.decoders:
             timing = TimingFactory(self.factories[name])
             config = GuidedDecodingConfig(backend=name, tokenizer=self.tokenizer)  # type: ignore[arg-type]
@@ -234,7 +235,7 @@ class Evaluator:
             self.decoders[name] = (decoder, timing)
         decoder, timing = self.decoders[name]
         timing.times = times
-        outputs = random_guided_generate(
+        outputs = uniform_guided_generate(
             decoder, [params] * GEN_SAMPLES, seed=GEN_SEED, max_tokens=GEN_MAX_TOKENS
         )
         try:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from guidedec.bench.compliance_worker import Task, Times
+from guidedec.bench.compliance_worker import ALL, BACKENDS, Task, Times
 
 
 def quantiles(values: Sequence[float] | np.ndarray[Any, Any]) -> dict[str, float | int | None]:
@@ -59,6 +61,8 @@ def summarise(tasks: Sequence[Task], backends: Sequence[str], times: Times) -> d
             ),
             "mask_us": quantiles(mask_times(tasks, name, times)),
         }
+    if all(name in backends for name in ALL):
+        summary["auto_vs_better"] = auto_vs_better(tasks)
     return summary
 
 
@@ -83,7 +87,8 @@ NOTES = (
 
 def table_rows(subset: str, summary: dict[str, Any]) -> list[str]:
     rows = []
-    for name, s in summary.items():
+    for name in (n for n in ALL if n in summary):
+        s = summary[name]
         c, m = s["compile_s"], s["mask_us"]
         compile_ms = "-" if c["p50"] is None else f"{1000 * c['p50']:.1f} / {1000 * c['p99']:.1f}"
         mask = "-" if m["mean"] is None else f"{m['mean']:.0f} / {m['p50']:.0f} / {m['p99']:.0f}"
@@ -109,7 +114,101 @@ def table_rows(subset: str, summary: dict[str, Any]) -> list[str]:
 
 def markdown(summaries: dict[str, dict[str, Any]]) -> str:
     rows = [row for subset, s in summaries.items() for row in table_rows(subset, s)]
-    return "\n".join([TABLE_HEADER, *rows]) + "\n\n" + NOTES + "\n"
+    text = "\n".join([TABLE_HEADER, *rows]) + "\n\n" + NOTES + "\n"
+    versus = [
+        s["auto_vs_better"] | {"subset": k} for k, s in summaries.items() if "auto_vs_better" in s
+    ]
+    if versus:
+        text += "\n" + auto_table(versus)
+    return text
+
+
+def auto_vs_better(tasks: Sequence[Task]) -> dict[str, Any]:
+    """``auto`` against the per-schema better of the two backends (a schema either covers)."""
+    better = [t for t in tasks if any(t.done[b]["covered"] for b in BACKENDS)]
+    below = [t for t in better if not t.done["auto"]["covered"]]
+    better_ids = {id(t) for t in better}
+    above = [t for t in tasks if t.done["auto"]["covered"] and id(t) not in better_ids]
+    return {
+        "schemas": len(tasks),
+        "xgrammar": sum(bool(t.done["xgrammar"]["covered"]) for t in tasks),
+        "llguidance": sum(bool(t.done["llguidance"]["covered"]) for t in tasks),
+        "better_of_two": len(better),
+        "auto": sum(bool(t.done["auto"]["covered"]) for t in tasks),
+        "auto_below_better": [t.name for t in below],
+        "auto_above_better": [t.name for t in above],
+    }
+
+
+def auto_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| subset | schemas | xgrammar covered | llguidance covered | better of two | auto covered "
+        "| auto misses (better covers) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        misses = ", ".join(r["auto_below_better"][:5]) or "none"
+        if len(r["auto_below_better"]) > 5:
+            misses += f", ... ({len(r['auto_below_better'])})"
+        cells = [r["subset"], r["schemas"], r["xgrammar"], r["llguidance"], r["better_of_two"]]
+        lines.append("| " + " | ".join(str(c) for c in [*cells, r["auto"], misses]) + " |")
+    note = (
+        "better of two: schemas that at least one backend covers. auto misses: schemas one of "
+        "them covers and auto does not."
+    )
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def cause(result: dict[str, Any]) -> str | None:
+    """Why a backend does not cover a schema (None when it does): its compile error, or its
+    first false negative or positive."""
+    if result["covered"]:
+        return None
+    if not result["compiled"]:
+        return f"compile: {result['error']}"
+    kind = "FN" if result["false_negatives"] else "FP"
+    first = result["instance_errors"][0] if result["instance_errors"] else "?"
+    return f"{kind} ({result['false_negatives']} FN, {result['false_positives']} FP): {first}"
+
+
+def cause_group(text: str) -> str:
+    """``text`` with its particulars (quoted names, numbers, token ids) blanked, to group
+    causes of one kind."""
+    text = re.sub(r"'[^']*'|\"[^\"]*\"|`[^`]*`", "…", text)
+    text = re.sub(r"\d+(\.\d+)?", "N", text)
+    return text.split(":  ")[0][:110]
+
+
+def misses_markdown(tasks: Sequence[Task], backends: Sequence[str]) -> str:
+    """Every schema a backend does not cover and every non-compliant output, with the cause,
+    grouped by kind, then listed one by one."""
+    parts = ["# What the backends miss, and why", ""]
+    for name in backends:
+        causes = [(t, c) for t in tasks if (c := cause(t.done[name])) is not None]
+        invalid = [t for t in tasks if _invalid_outputs(t.done[name])]
+        title = f"## {name}: {len(causes)} not covered, {len(invalid)} with invalid outputs"
+        parts += [title, ""]
+        groups = Counter(cause_group(c) for _, c in causes)
+        if groups:
+            parts += ["| count | cause (particulars blanked) |", "|---:|---|"]
+            parts += [f"| {n} | {g.replace('|', '/')} |" for g, n in groups.most_common()]
+            parts.append("")
+        for t, c in causes:
+            chosen = t.done[name].get("chosen")
+            via = f" [{chosen}]" if chosen else ""
+            parts.append(f"- {t.subset} `{t.name}`{via}: {c}")
+        for t in invalid:
+            result = t.done[name]
+            count = _invalid_outputs(result)
+            errors = [e for e in result["gen_errors"] if not e.startswith("unchecked")]
+            first = errors[0] if errors else "?"
+            parts.append(f"- {t.subset} `{t.name}`: {count} non-compliant output(s): {first}")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _invalid_outputs(result: dict[str, Any]) -> int:
+    return int(result["gen_terminated"] - result["gen_unchecked"] - result["gen_valid"])
 
 
 def plot(

@@ -7,7 +7,14 @@
   that prove speculative decoding exact.
 """
 
-from guidedec.testing.generate import GeneratedOutput, random_guided_generate, sample_from_logits
+from guidedec.testing.generate import (
+    GeneratedOutput,
+    host_row_token_ids,
+    random_guided_generate,
+    sample_allowed_token,
+    sample_from_logits,
+    uniform_guided_generate,
+)
 from guidedec.testing.masks import (
     bitmask_to_bool_mask,
     bool_mask_to_bitmask,
@@ -44,11 +51,14 @@ __all__ = [
     "bitmask_to_bool_mask",
     "bool_mask_to_bitmask",
     "feed_tokens",
+    "host_row_token_ids",
     "mixed_density_bitmask",
     "next_token_mask",
     "oracle_rows",
     "random_bitmask",
     "random_bool_mask",
     "random_guided_generate",
+    "sample_allowed_token",
     "sample_from_logits",
+    "uniform_guided_generate",
 ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
@@ -50,18 +52,99 @@ def random_guided_generate(
     that finishes (samples a stop token) must follow its guide: this is the soundness check.
     The stop token is not part of ``token_ids``.
     """
+    generator = torch.Generator().manual_seed(seed)
+
+    def step(num_live: int) -> tuple[dict[int, str], list[int]]:
+        logits = torch.randn(num_live, decoder.vocab_size, generator=generator)
+        failed = dict(decoder.execute(logits))
+        return failed, sample_from_logits(logits, temperature, generator).tolist()
+
+    return _generate(decoder, guides, max_tokens, step)
+
+
+def uniform_guided_generate(
+    decoder: GuidedDecoder,
+    guides: Sequence[GuidedDecodingParams],
+    *,
+    seed: int = 0,
+    max_tokens: int = 256,
+) -> list[GeneratedOutput]:
+    """:func:`random_guided_generate` at temperature 1, sampled straight from the bitmask.
+
+    Logits drawn i.i.d. make every allowed token equally likely to be sampled (they are
+    exchangeable), so this draws uniformly among the tokens each row's mask allows: the same
+    distribution of outputs, without drawing and masking a vocabulary of logits per step (about
+    ten times faster at V = 129,280). Rows without a mask (unguided, failed) draw from the whole
+    vocabulary.
+    """
+    rng = np.random.default_rng(seed)
+    bitmask, token_mask = decoder.bitmask_host.numpy(), decoder.token_mask_host.numpy()
+    vocab_size = decoder.vocab_size
+
+    def step(num_live: int) -> tuple[dict[int, str], list[int]]:
+        failed = dict(decoder.build())
+        tokens = []
+        for row in range(num_live):
+            if token_mask[row]:
+                tokens.append(sample_allowed_token(bitmask[row], vocab_size, rng))
+            else:
+                tokens.append(int(rng.integers(vocab_size)))
+        return failed, tokens
+
+    return _generate(decoder, guides, max_tokens, step)
+
+
+def sample_allowed_token(
+    row: np.ndarray[Any, Any], vocab_size: int, rng: np.random.Generator
+) -> int:
+    """A token drawn uniformly among those a host bitmask row allows below ``vocab_size``
+    (by popcounts per word: ~20 us at V = 129,280, where unpacking every bit costs ~250).
+    Raises ``ValueError`` if the row allows none."""
+    num_words, tail_bits = divmod(vocab_size, 32)
+    words = row[: num_words + (tail_bits > 0)].view(np.uint32)
+    counts = np.bitwise_count(words).astype(np.int64)
+    if tail_bits:
+        counts[-1] = int(words[-1] & ((1 << tail_bits) - 1)).bit_count()
+    cumulative = np.cumsum(counts)
+    total = int(cumulative[-1]) if len(cumulative) else 0
+    if total == 0:
+        raise ValueError("the bitmask row allows no token")
+    k = int(rng.integers(total))
+    word = int(np.searchsorted(cumulative, k, side="right"))
+    k -= int(cumulative[word - 1]) if word else 0
+    bits = int(words[word])
+    for bit in range(32):
+        if bits >> bit & 1:
+            if k == 0:
+                return 32 * word + bit
+            k -= 1
+    raise AssertionError("unreachable: the popcounts and the bits disagree")
+
+
+def host_row_token_ids(row: np.ndarray[Any, Any], vocab_size: int) -> np.ndarray[Any, Any]:
+    """The token ids a host bitmask row (int32 words, bit ``t % 32`` of word ``t // 32``)
+    allows, below ``vocab_size``."""
+    bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits)
+
+
+def _generate(
+    decoder: GuidedDecoder,
+    guides: Sequence[GuidedDecodingParams],
+    max_tokens: int,
+    step: Callable[[int], tuple[dict[int, str], list[int]]],
+) -> list[GeneratedOutput]:
+    """The loop of the generators above: ``step(num_live)`` masks the batch added to
+    ``decoder`` and returns its failures and one sampled token per live row."""
     if len(guides) > decoder.max_num_sequences:
         raise ValueError(f"{len(guides)} guides for {decoder.max_num_sequences} slots")
-    generator = torch.Generator().manual_seed(seed)
     stop_ids = set(decoder.config.tokenizer.stop_token_ids)
     outputs = [GeneratedOutput([], False) for _ in guides]
     live = list(range(len(guides)))
     step_requests = [GuidedRequest.context(guides[i], request_id=i, seq_slot=i) for i in live]
     for _ in range(max_tokens):
         decoder.add_batch(step_requests)
-        logits = torch.randn(len(live), decoder.vocab_size, generator=generator)
-        failed = dict(decoder.execute(logits))
-        sampled = sample_from_logits(logits, temperature, generator).tolist()
+        failed, sampled = step(len(live))
         still_live, step_requests = [], []
         for i, token in zip(live, sampled, strict=True):
             if i in failed:

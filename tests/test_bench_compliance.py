@@ -95,6 +95,7 @@ def records(payload: dict[str, Any], subset: str) -> dict[str, dict[str, Any]]:
 
 def test_outputs_exist(run: tuple[Path, dict[str, Any], str]) -> None:
     out, payload, summary = run
+    assert (out / "workers.log").exists()  # the backends' own warnings go there
     for name in ("summary.md", "misses.md", "compliance.json", "coverage.png", "mask_times.png"):
         assert (out / name).stat().st_size > 0, name
     assert set(payload["summary"]) == {"JME", "good", "bad", "suite", "all"}

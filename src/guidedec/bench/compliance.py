@@ -20,7 +20,8 @@ directory of them (its top-level ``*.json``). Each file (or directory) is a subs
 Writes ``summary.md`` (also printed; with all three backends it also compares ``auto`` with the
 per-schema better of the two), ``misses.md`` (every schema a backend does not cover and every
 non-compliant output, with the cause), ``compliance.json`` (summaries and per-schema records),
-``coverage.png`` and ``mask_times.png`` under ``--out``.
+``coverage.png`` and ``mask_times.png`` under ``--out``; the backends' own warnings go to
+``workers.log`` there.
 
 Usage::
 
@@ -161,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:  # SIGTERM ends the run through ``finally``, so that the workers go too
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    pool = Pool(tokenizer, WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout)
+    log = args.out / "workers.log"  # the backends' own warnings, kept off the terminal
+    log.write_text("", encoding="utf-8")
+    pool = Pool(tokenizer, WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout, log)
     try:
         with tqdm(total=len(tasks), file=sys.stderr, unit="schema", dynamic_ncols=True) as bar:
             pool.run(tasks, lambda task: bar.update(1))

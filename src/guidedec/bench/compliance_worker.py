@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -349,8 +350,16 @@ def settle_auto_compile(
 
 
 def worker_main(
-    conn: Connection, tokenizer: TokenizerInfo, compile_timeout: float, parent: int
+    conn: Connection,
+    tokenizer: TokenizerInfo,
+    compile_timeout: float,
+    parent: int,
+    log: Path | None = None,
 ) -> None:
+    if log is not None:  # the backends' native warnings would garble the progress bar
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
     ev = Evaluator(tokenizer, compile_timeout)
     while True:
         # Forked siblings hold this pipe's other end too, so a dead parent does not close it:
@@ -393,9 +402,15 @@ class Pool:
     """Runs tasks on forked workers; kills a worker whose backend passes its deadline."""
 
     def __init__(
-        self, tokenizer: TokenizerInfo, workers: int, compile_timeout: float, phase_timeout: float
+        self,
+        tokenizer: TokenizerInfo,
+        workers: int,
+        compile_timeout: float,
+        phase_timeout: float,
+        log: Path | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.log = log
         self.compile_timeout = compile_timeout
         self.phase_timeout = phase_timeout
         self.ctx = mp.get_context("fork")
@@ -406,7 +421,7 @@ class Pool:
         parent, child = self.ctx.Pipe()
         process = self.ctx.Process(
             target=worker_main,
-            args=(child, self.tokenizer, self.compile_timeout, os.getpid()),
+            args=(child, self.tokenizer, self.compile_timeout, os.getpid(), self.log),
             daemon=True,
         )
         process.start()

@@ -7,6 +7,8 @@ compared as integer bit patterns, so -inf, NaN payloads and signed zeros must ma
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,13 @@ from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask
 from guidedec.bitmask.kernels import KERNELS, KernelSpec, _cpu, load_kernel, resolve_backend
 from guidedec.testing import bool_mask_to_bitmask, mixed_density_bitmask, random_bitmask
 
-BACKENDS = sorted(KERNELS)  # every registered kernel, the reference included
+# Every registered kernel whose dependency is installed, the reference included; kernels for
+# other devices run here through their interpreter (Triton's, turned on below).
+BACKENDS = sorted(
+    name
+    for name, spec in KERNELS.items()
+    if spec.requires is None or importlib.util.find_spec(spec.requires) is not None
+)
 FAST_BACKENDS = [name for name in BACKENDS if name != "torch"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 VOCABS = [1, 31, 33, 1000, 129280]
@@ -80,6 +88,14 @@ def applied(
     out = logits.clone()
     apply_bitmask(out, bitmask, backend=backend, **kwargs)  # type: ignore[arg-type]
     return out
+
+
+@pytest.fixture(autouse=True)
+def _interpreters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels written for an accelerator run on CPU tensors through their interpreter."""
+    for spec in KERNELS.values():
+        if spec.interpreter_env is not None:
+            monkeypatch.setenv(spec.interpreter_env, "1")
 
 
 @pytest.fixture

@@ -8,12 +8,16 @@ from guidedec.bitmask.layout import (
     bitmask_size,
     row_has_valid_token,
 )
+from guidedec.bitmask.sharding import VocabShard, apply_bitmask_sharded, vocab_shard
 
 __all__ = [
     "BITMASK_DTYPE",
     "HostRowChecker",
+    "VocabShard",
     "allocate_bitmask",
     "apply_bitmask",
+    "apply_bitmask_sharded",
     "bitmask_size",
     "row_has_valid_token",
+    "vocab_shard",
 ]

@@ -37,8 +37,11 @@ def apply_bitmask(
             pruned draft vocabulary): logits column ``i`` is target token ``i + d2t[i]``.
             Without it column ``i`` is token ``i``.
         backend: ``"torch"`` (pure-torch reference: unpack every bit, ``masked_fill_``),
-            ``"cpu"`` (fast CPU kernel, work proportional to the minority side of each row), or
-            ``"auto"`` (``"cpu"`` for CPU tensors, ``"torch"`` otherwise).
+            ``"cpu"`` (fast CPU kernel, work proportional to the minority side of each row),
+            ``"triton"`` (Triton kernel for CUDA tensors, needs the ``triton`` package; it takes
+            CPU tensors only under ``TRITON_INTERPRET=1``, through Triton's slow interpreter, for
+            testing), or ``"auto"`` (``"cpu"`` for CPU tensors, ``"triton"`` for CUDA tensors,
+            ``"torch"`` otherwise).
 
     Semantics, for each row ``i`` with ``token_mask[i] != 0`` (every row without a token mask)
     and each column ``j``, with target ``t = j`` (``t = j + d2t[j]`` with ``d2t``):

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from guidedec.bitmask import HostRowChecker, allocate_bitmask, apply_bitmask
+from guidedec.bitmask import HostRowChecker, allocate_bitmask, apply_bitmask_sharded
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.decoder.streams import StepSync
 from guidedec.errors import GuidedecError
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
@@ -59,6 +60,9 @@ class BaseGuidedDecoder:
         device: Where the logits live; the host buffers are pinned when it is a CUDA device.
         factory: The matcher factory (default: one built from ``config``); engines share one
             between decoders so that compiled grammars are cached once.
+        rank: The global rank, for logits sharded over the vocabulary by tensor parallelism:
+            logits ``V / T`` columns wide are shard ``rank % T`` (see
+            :func:`guidedec.bitmask.apply_bitmask_sharded`).
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class BaseGuidedDecoder:
         vocab_size: int,
         device: str | torch.device = "cpu",
         factory: GrammarMatcherFactory | None = None,
+        rank: int = 0,
     ) -> None:
         if vocab_size != config.tokenizer.vocab_size:
             raise ValueError(
@@ -78,11 +83,14 @@ class BaseGuidedDecoder:
             )
         if max_num_sequences <= 0 or max_num_draft_tokens < 0:
             raise ValueError("max_num_sequences must be > 0 and max_num_draft_tokens >= 0")
+        if rank < 0:
+            raise ValueError(f"rank must be >= 0, got {rank}")
         self.config = config
         self.max_num_sequences = max_num_sequences
         self.max_num_draft_tokens = max_num_draft_tokens
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        self.rank = rank
         self.factory = factory if factory is not None else create_grammar_matcher_factory(config)
         self._allocate_buffers()
         self.grammar_matchers: list[GrammarMatcher | None] = [None] * max_num_sequences
@@ -117,6 +125,7 @@ class BaseGuidedDecoder:
         # per call, which is as much as a backend's mask fill.
         self._row_is_valid = HostRowChecker(self.bitmask_host, self.vocab_size)
         self._token_mask_np = self.token_mask_host.numpy()
+        self.sync = StepSync(self.device)
 
     def add_batch(
         self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
@@ -178,6 +187,7 @@ class BaseGuidedDecoder:
         Returns the requests that cannot go on, as ``(request_id, message)``; their rows are
         left unmasked (never all-forbidden), so their logits never become NaN.
         """
+        self.sync.note("host: build")
         batch = self._batch()
         start = time.perf_counter()
         with nvtx_range("guided_decoder.build"):
@@ -309,6 +319,7 @@ class BaseGuidedDecoder:
 
     def copy_bitmask(self, num_bitmask_tokens: int | None = None) -> None:
         """Copy the filled host rows to the device buffers (nothing to do on the CPU)."""
+        self.sync.note("side: copy bitmask")
         if self.bitmask is self.bitmask_host:
             return
         n = self._batch().num_bitmask_tokens if num_bitmask_tokens is None else num_bitmask_tokens
@@ -320,7 +331,11 @@ class BaseGuidedDecoder:
         """Mask ``logits`` in place: rows ``[0, num_bitmask_tokens)`` of this batch, live rows only.
 
         Masked logits become -inf; rows of unguided, terminated or failed requests are untouched.
+        Logits narrower than the vocabulary (``vocab_size``, or ``d2t``'s length with ``d2t``) are
+        this rank's shard of vocab-sharded logits: they get the columns of the shard, with ``d2t``
+        the full table (see :func:`guidedec.bitmask.apply_bitmask_sharded`).
         """
+        self.sync.note("main: apply bitmask")
         n = self._batch().num_bitmask_tokens
         if logits.dim() != 2 or logits.shape[0] < n:
             raise ValueError(
@@ -328,18 +343,33 @@ class BaseGuidedDecoder:
             )
         start = time.perf_counter()
         with nvtx_range("guided_decoder.apply_bitmask"):
-            apply_bitmask(logits[:n], self.bitmask[:n], token_mask=self.token_mask[:n], d2t=d2t)
+            apply_bitmask_sharded(
+                logits[:n],
+                self.bitmask[:n],
+                token_mask=self.token_mask[:n],
+                d2t=d2t,
+                rank=self.rank,
+                vocab_size_padded=self.vocab_size,
+            )
         self.stats.apply_s = time.perf_counter() - start
 
     def execute(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> list[Failure]:
         """``build``, ``copy_bitmask`` and ``apply_bitmask`` for the batch of ``add_batch``.
 
-        Returns the failed requests; the engine finishes them after sampling.
+        On a CUDA device the copy runs on the side stream, ordered by ``token_event`` and
+        ``bitmask_event`` (:class:`guidedec.decoder.streams.StepSync`); on the CPU all is
+        synchronous. Returns the failed requests; the engine finishes them after sampling.
         """
         failures = self.build()
-        self.copy_bitmask()
-        self.apply_bitmask(logits, d2t=d2t)
+        self._copy_and_apply(logits, d2t)
         return failures
+
+    def _copy_and_apply(self, logits: torch.Tensor, d2t: torch.Tensor | None) -> None:
+        with self.sync.side():
+            self.copy_bitmask()
+            self.sync.record_bitmask()
+        self.sync.wait_bitmask()
+        self.apply_bitmask(logits, d2t=d2t)
 
     def _batch(self) -> GuidedRequests:
         if self.requests is None:

@@ -144,8 +144,7 @@ class GuidedDecoder(BaseGuidedDecoder):
         failures += self.build()
         if draft_step == self._batch().num_draft_tokens - 1:
             failures += self.rollback_draft_tokens()
-        self.copy_bitmask()
-        self.apply_bitmask(logits, d2t=d2t)
+        self._copy_and_apply(logits, d2t)
         return failures
 
     def _start_draft_step(self, draft_step: int, new_tokens: list[int]) -> list[Failure]:

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU checks, meant to finish within 5 minutes on one GPU: the `gpu` tests (the Triton kernel
+# compiled for the device, a CUDA graph capturing a guided step with host functions) and the
+# apply-kernel benchmark against a device-to-device copy at vocab 128,256 and 151,936, batch
+# 1..256. Writes $OUT/gpu_check.json (or bench-out/gpu_check/ without $OUT).
+# Usage: bash scripts/gpu_check.sh   (from the repository root; needs a CUDA torch or installs one)
+set -uo pipefail
+OUT="${OUT:-bench-out/gpu_check}"
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY="${PYTHON:-python3}"
+if [ ! -x .venv-gpu/bin/python ]; then
+    "$PY" -m venv .venv-gpu
+    .venv-gpu/bin/python -m pip install --quiet --upgrade pip
+    # A CUDA build of torch when the machine has none yet (the default PyPI wheel is CUDA).
+    .venv-gpu/bin/python -m pip install --quiet torch
+    .venv-gpu/bin/python -m pip install --quiet -e ".[dev]"
+fi
+VPY=.venv-gpu/bin/python
+"$VPY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
+start=$(date +%s)
+timeout 150 "$VPY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests \
+    > "$OUT/gpu_tests.txt" 2>&1
+tests_rc=$?
+tail -5 "$OUT/gpu_tests.txt"
+timeout 120 "$VPY" benchmarks/bench_gpu_apply.py --out "$OUT/apply" > "$OUT/apply.txt" 2>&1
+bench_rc=$?
+cat "$OUT/apply.txt"
+"$VPY" - "$OUT" "$tests_rc" "$bench_rc" "$start" <<'PY'
+import json, pathlib, sys, time
+out, tests_rc, bench_rc, start = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+apply = out / "apply" / "bench_gpu_apply.json"
+summary = {
+    "device": (out / "device.txt").read_text().strip(),
+    "gpu_tests_rc": tests_rc,
+    "gpu_tests_tail": (out / "gpu_tests.txt").read_text().splitlines()[-3:],
+    "apply_bench_rc": bench_rc,
+    "apply": json.loads(apply.read_text())["rows"] if apply.exists() else None,
+    "seconds": time.time() - start,
+}
+(out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+print(f"wrote {out / 'gpu_check.json'}")
+PY
+exit $(( tests_rc != 0 || bench_rc != 0 ))

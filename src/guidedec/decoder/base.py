@@ -236,6 +236,16 @@ class BaseGuidedDecoder:
                 self.is_draft_terminated[slot] = True
                 return
             raise RequestError("has no grammar matcher (an earlier step failed)")
+        if advance and matcher.is_terminated():
+            # The matcher has accepted a stop token already: inside the drafts verified at the
+            # previous iteration (an overlap scheduler schedules the request once more before it
+            # sees it finish), or at an earlier step of this drafting loop. Nothing to advance
+            # or mask: the request finishes at this iteration. Any verified count rolls back
+            # nothing (it is clamped to the zero advances).
+            self._num_verifiable_tokens[slot] = 1 + len(drafts)
+            if req.is_draft:
+                self.is_draft_terminated[slot] = True
+            return
         if advance and not self._advance(req, matcher):
             return
         self._num_verifiable_tokens[slot] = 1 + len(drafts)

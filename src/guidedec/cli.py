@@ -152,6 +152,12 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--whitespace", default="flexible", choices=["flexible", "compact"], help="JSON whitespace"
     )
+    run.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="build the masks after the forward, not while it runs",
+    )
 
 
 def _add_sampling(run: argparse.ArgumentParser) -> None:

@@ -115,6 +115,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             speculative=args.speculative,
             num_draft_tokens=args.num_draft_tokens,
             json_whitespace=args.whitespace,
+            overlap=getattr(args, "overlap", True),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc
@@ -222,6 +223,7 @@ def summary(llm: LLM, result: RunResult) -> str:
     parts = [
         _throughput(result),
         _guided_overhead(llm.stats.guide_s, result.step_s),
+        _mask_times(llm),
         "finish: " + ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items())),
     ]
     if llm.num_draft_tokens:
@@ -240,6 +242,20 @@ def _guided_overhead(guide_s: float, step_s: float) -> str:
     """The share of the time in engine steps that went to the guide (masking the logits)."""
     share = 100 * guide_s / step_s if step_s > 0 else 0.0
     return f"guided overhead {share:.1f}% ({guide_s:.3f} s of {step_s:.2f} s in steps)"
+
+
+FIELDS = ("build_s", "wait_s", "apply_s")
+
+
+def _mask_times(llm: LLM) -> str:
+    """Per step: the host build, what the logits waited for it, the copy and apply."""
+    steps = max(1, len(llm.step_times))
+    times = list(llm.step_times)
+    build, wait, apply = (1000 * sum(getattr(t, f) for t in times) / steps for f in FIELDS)
+    mode = "overlapped" if llm.overlap else "not overlapped"
+    return (
+        f"mask per step: build {build:.2f} ms ({mode}), waited {wait:.2f} ms, apply {apply:.2f} ms"
+    )
 
 
 def _acceptance(accepted: int, drafted: int) -> str:

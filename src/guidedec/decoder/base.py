@@ -371,10 +371,12 @@ class BaseGuidedDecoder:
         synchronous. Returns the failed requests; the engine finishes them after sampling.
         """
         failures = self.build()
-        self._copy_and_apply(logits, d2t)
+        self.copy_and_apply(logits, d2t=d2t)
         return failures
 
-    def _copy_and_apply(self, logits: torch.Tensor, d2t: torch.Tensor | None) -> None:
+    def copy_and_apply(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> None:
+        """The second half of ``execute``, after a ``build`` done elsewhere (an engine that
+        builds while its forward runs): copy on the side stream, then mask ``logits``."""
         with self.sync.side():
             self.copy_bitmask()
             self.sync.record_bitmask()

@@ -144,7 +144,7 @@ class GuidedDecoder(BaseGuidedDecoder):
         failures += self.build()
         if draft_step == self._batch().num_draft_tokens - 1:
             failures += self.rollback_draft_tokens()
-        self._copy_and_apply(logits, d2t)
+        self.copy_and_apply(logits, d2t=d2t)
         return failures
 
     def _start_draft_step(self, draft_step: int, new_tokens: list[int]) -> list[Failure]:

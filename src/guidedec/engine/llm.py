@@ -43,6 +43,8 @@ class LLM(EngineCore):
         seed: Seed of the ``tiny-random`` weights.
         compile_timeout_s: A guide that takes longer to compile fails its request.
         json_whitespace: ``"flexible"`` (bounded runs) or ``"compact"`` JSON whitespace.
+        overlap: Build each step's masks while its forward runs (see
+            :mod:`guidedec.engine.core`); the outputs are the same either way.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class LLM(EngineCore):
         seed: int = 0,
         compile_timeout_s: float = 60.0,
         json_whitespace: WhitespaceMode = "flexible",
+        overlap: bool = True,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -80,6 +83,7 @@ class LLM(EngineCore):
             num_draft_tokens=k,
             speculator=_make_speculator(spec, loaded, max_num_seqs, k, seed),
             compile_timeout_s=compile_timeout_s,
+            overlap=overlap,
         )
         self._params: dict[int, SamplingParams] = {}  # of prefill-only requests
 

@@ -1,0 +1,155 @@
+"""Do the backends' mask fills and torch's CPU kernels release the GIL? (What overlap needs.)
+
+Two workloads of about the same length (0.5 s), each alone and then both at once on two
+threads: ``fill`` fills the bitmask of JSON-schema matchers in states that need real work (after
+an object key, inside a number, ...), ``matmul`` runs 256 x 256 float32 matrix products on one
+torch thread. ``parallel speedup`` =
+(time alone + time alone) / time together: 2.0 when neither holds the GIL while it works (and two
+cores are free), 1.0 when they take turns. A pure-Python loop is the control (it never releases
+the GIL). Medians of ``--repeats``.
+
+Usage::
+
+    python benchmarks/bench_gil.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from guidedec import GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
+from guidedec.bench.environment import environment
+from guidedec.bench.plots import write_summary
+from guidedec.bitmask import allocate_bitmask
+from guidedec.grammar.factory import create_grammar_matcher_factory
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+    "required": ["name", "age"],
+}
+SECONDS = 0.5  # each workload alone
+PREFIXES = ['{"name":"Al","age":4', '{"name":"Al","age":42,', '{"name":"Al","age":1,"tags":["x']
+
+
+def fill_work(backend: str, tokenizer: TokenizerInfo, calls: int) -> Callable[[], None]:
+    config = GuidedDecodingConfig(
+        backend=backend,  # type: ignore[arg-type]
+        tokenizer=tokenizer,
+        json_whitespace="compact",
+    )
+    factory = create_grammar_matcher_factory(config)
+    params = GuidedDecodingParams(json_schema=json.dumps(SCHEMA))
+    matchers = []
+    for prefix in PREFIXES:
+        matcher = factory.create(params)
+        for token in tokenizer.encode(prefix):
+            assert matcher.accept_token(token)
+        matchers.append(matcher)
+    bitmask = allocate_bitmask(1, tokenizer.vocab_size)
+
+    def work() -> None:
+        for i in range(calls):
+            matchers[i % len(matchers)].fill_next_token_bitmask(bitmask, 0)
+
+    return work
+
+
+def matmul_work(calls: int) -> Callable[[], None]:
+    a = torch.randn(256, 256)
+
+    def work() -> None:
+        for _ in range(calls):
+            a @ a
+
+    return work
+
+
+def python_work(calls: int) -> Callable[[], None]:
+    def work() -> None:
+        total = 0
+        for i in range(calls * 200):
+            total += i * i
+
+    return work
+
+
+def calibrated(make: Callable[[int], Callable[[], None]], seconds: float) -> Callable[[], None]:
+    """``make(calls)`` with as many calls as take about ``seconds`` alone."""
+    calls = 50
+    while (elapsed := timed(make(calls))) < seconds / 4:
+        calls *= 4
+    return make(max(1, round(calls * seconds / elapsed)))
+
+
+def timed(*works: Callable[[], None]) -> float:
+    threads = [threading.Thread(target=w) for w in works]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def speedup(a: Callable[[], None], b: Callable[[], None], repeats: int) -> dict[str, float]:
+    alone_a = statistics.median(timed(a) for _ in range(repeats))
+    alone_b = statistics.median(timed(b) for _ in range(repeats))
+    together = statistics.median(timed(a, b) for _ in range(repeats))
+    return {
+        "a_s": alone_a,
+        "b_s": alone_b,
+        "together_s": together,
+        "speedup": (alone_a + alone_b) / together,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    tokenizer = TokenizerInfo.default()
+    matmul = calibrated(matmul_work, SECONDS)
+    rows = {}
+    for backend in ("xgrammar", "llguidance"):
+        fill = calibrated(lambda n, b=backend: fill_work(b, tokenizer, n), SECONDS)
+        rows[f"{backend} fill + matmul"] = speedup(fill, matmul, args.repeats)
+    control = calibrated(python_work, SECONDS)
+    rows["python loop + matmul (control)"] = speedup(control, matmul, args.repeats)
+    lines = [
+        "| workloads | alone (s) | alone (s) | together (s) | parallel speedup |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | {r['a_s']:.3f} | {r['b_s']:.3f} | {r['together_s']:.3f} "
+            f"| {r['speedup']:.2f}x |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        report = {"argv": sys.argv[1:], **environment(), "rows": rows}
+        (args.out / "bench_gil.json").write_text(json.dumps(report, indent=2))
+        write_summary(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -172,3 +172,20 @@ def test_misses_list_every_uncovered_schema_with_its_cause(
             assert f"{r['subset']} `{r['name']}`" in section
         assert "`malformed`" in section and "compile: " in section
         assert "worker died" in section  # the forced crash, with its cause
+
+
+def test_model_generations_with_the_reference_engine(tmp_path: Path) -> None:
+    data = tmp_path / "good.jsonl"
+    data.write_text(json.dumps(GOOD[0]) + "\n")
+    out = tmp_path / "out"
+    args = [str(data), "--backend", "xgrammar", "--model", "tiny-random", "--out", str(out)]
+    assert main(args) == 0
+    payload = json.loads((out / "compliance.json").read_text())
+    result = payload["schemas"][0]["backends"]["xgrammar"]
+    assert result["model_outputs"] == 2
+    assert result["model_valid"] == result["model_terminated"] - result["model_unchecked"]
+    summary = payload["summary"]["good"]["xgrammar"]
+    assert summary["model_outputs"] == 2
+    assert summary["model_terminated"] >= 1  # seeded: the greedy output stops
+    assert summary["model_compliance_pct"] == 100.0
+    assert "| good | xgrammar | 2 |" in (out / "summary.md").read_text()

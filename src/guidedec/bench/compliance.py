@@ -7,7 +7,8 @@ Per schema and backend, in forked worker processes watched by the parent:
   mask filled before each token and accepted, stop token included (else a false negative); every
   invalid one must be rejected (else a false positive);
 - generation: seeded random-logits guided generation; the outputs that terminate must validate
-  with ``jsonschema`` (compliance = valid / terminated);
+  with ``jsonschema`` (compliance = valid / terminated); with ``--model``, also the reference
+  engine on that model (a greedy and a sampled output, prompted with the schema);
 - mask times: every ``fill_next_token_bitmask`` above, in microseconds.
 
 A compile past its deadline, a hang or a crash kills that worker only; it is counted against the
@@ -120,6 +121,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=None, help="first N schemas per subset")
     parser.add_argument("--timeout", type=float, default=10.0, help="compile timeout, s")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help="also generate with the reference engine on this model (e.g. tiny-random): "
+        "a greedy and a sampled output per schema and backend, prompted with the schema",
+    )
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be >= 1")
@@ -164,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     log = args.out / "workers.log"  # the backends' own warnings, kept off the terminal
     log.write_text("", encoding="utf-8")
-    pool = Pool(tokenizer, WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout, log)
+    pool = Pool(
+        tokenizer, WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout, log, args.model
+    )
     try:
         with tqdm(total=len(tasks), file=sys.stderr, unit="schema", dynamic_ncols=True) as bar:
             pool.run(tasks, lambda task: bar.update(1))

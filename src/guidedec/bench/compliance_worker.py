@@ -38,6 +38,9 @@ CRASH_ENV = "GUIDEDEC_BENCH_CRASH"  # "NAME" or "NAME@BACKEND"
 GEN_SAMPLES = 16  # random-logits outputs per schema and backend
 GEN_MAX_TOKENS = 48  # outputs that terminate mostly do so within ~30 tokens
 GEN_SEED = 0
+MODEL_SAMPLES = 2  # with --model: one greedy and one sampled output per schema and backend
+MODEL_MAX_TOKENS = 96
+MODEL_PROMPT = "Write one JSON value that follows this JSON schema.\nSchema: {schema}\nJSON: "
 _ERROR_CHARS = 300
 _MAX_ERRORS = 5
 
@@ -76,6 +79,11 @@ class Outcome:
     gen_valid: int = 0
     gen_unchecked: int = 0
     gen_errors: list[str] = field(default_factory=list)
+    model_outputs: int = 0
+    model_terminated: int = 0
+    model_valid: int = 0
+    model_unchecked: int = 0
+    model_errors: list[str] = field(default_factory=list)
     chosen: str | None = None
     order: list[str] | None = None
 
@@ -136,9 +144,13 @@ def schema_validator(schema: Any) -> Any:
 class Evaluator:
     """The factories of one worker process (``auto`` is built over the two backend ones)."""
 
-    def __init__(self, tokenizer: TokenizerInfo, compile_timeout: float) -> None:
+    def __init__(
+        self, tokenizer: TokenizerInfo, compile_timeout: float, model: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.compile_timeout = compile_timeout
+        self.model = model
+        self.engines: dict[str, Any] = {}  # backend -> guidedec.LLM, built on first use
         self.auto = AutoMatcherFactory(GuidedDecodingConfig(backend="auto", tokenizer=tokenizer))
         self.factories: dict[str, GrammarMatcherFactory] = {
             name: self.auto.factory(name) for name in BACKENDS
@@ -239,11 +251,7 @@ class Evaluator:
         outputs = uniform_guided_generate(
             decoder, [params] * GEN_SAMPLES, seed=GEN_SEED, max_tokens=GEN_MAX_TOKENS
         )
-        try:
-            validator = schema_validator(schema)
-        except Exception as exc:  # not a schema jsonschema can read
-            validator = None
-            _note(out.gen_errors, _short(exc, "validator: "))
+        validator = _validator_or_note(schema, out.gen_errors)
         out.gen_outputs = len(outputs)
         for output in outputs:
             if output.error is not None:
@@ -260,6 +268,55 @@ class Evaluator:
                 _note(out.gen_errors, verdict)
             else:
                 _note(out.gen_errors, f"{verdict}: {text[:80]}")
+
+    def generate_with_model(
+        self, name: str, params: GuidedDecodingParams, schema: Any, out: Outcome
+    ) -> None:
+        """The reference engine with ``--model``: a greedy and a sampled output, prompted with
+        the schema; those that stop must validate with jsonschema."""
+        from guidedec import LLM, SamplingParams
+
+        if name not in self.engines:
+            self.engines[name] = LLM(
+                self.model or "tiny-random",
+                backend=name,  # type: ignore[arg-type]
+                max_num_seqs=MODEL_SAMPLES,
+                compile_timeout_s=self.compile_timeout,
+            )
+        prompt = MODEL_PROMPT.format(schema=json.dumps(schema)[:2000])
+        sampling = [
+            SamplingParams(
+                max_tokens=MODEL_MAX_TOKENS,
+                temperature=0.0 if i == 0 else 1.0,
+                seed=GEN_SEED + i,
+                guided_decoding=params,
+            )
+            for i in range(MODEL_SAMPLES)
+        ]
+        validator = _validator_or_note(schema, out.model_errors)
+        for output in self.engines[name].generate([prompt] * MODEL_SAMPLES, sampling):
+            out.model_outputs += 1
+            if output.error is not None:
+                _note(out.model_errors, f"engine: {output.error}")
+            if output.finish_reason != "stop":
+                continue
+            out.model_terminated += 1
+            verdict = validate(validator, output.text)
+            if verdict is None:
+                out.model_valid += 1
+            elif verdict.startswith("unchecked"):
+                out.model_unchecked += 1
+                _note(out.model_errors, verdict)
+            else:
+                _note(out.model_errors, f"{verdict}: {output.text[:80]}")
+
+
+def _validator_or_note(schema: Any, errors: list[str]) -> Any:
+    try:
+        return schema_validator(schema)
+    except Exception as exc:  # not a schema jsonschema can read
+        _note(errors, _short(exc, "validator: "))
+        return None
 
 
 def validate(validator: Any, text: str) -> str | None:
@@ -310,6 +367,13 @@ def evaluate(ev: Evaluator, name: str, task: Task, conn: Connection) -> dict[str
             ev.generate(name, params, task.schema, out, times)
         except Exception as exc:  # the decoder or a matcher failed: no outputs to judge
             _note(out.gen_errors, _short(exc, "generate: "))
+        if ev.model is not None:
+            conn.send(("partial", name, asdict(out)))
+            conn.send(("phase", name, "model"))
+            try:
+                ev.generate_with_model(name, params, task.schema, out)
+            except Exception as exc:  # the engine failed: no outputs to judge
+                _note(out.model_errors, _short(exc, "model: "))
     if times:
         out.mask_fills, out.mask_us_mean = len(times), sum(times) / len(times)
     result = asdict(out)
@@ -355,12 +419,13 @@ def worker_main(
     compile_timeout: float,
     parent: int,
     log: Path | None = None,
+    model: str | None = None,
 ) -> None:
     if log is not None:  # the backends' native warnings would garble the progress bar
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
-    ev = Evaluator(tokenizer, compile_timeout)
+    ev = Evaluator(tokenizer, compile_timeout, model)
     while True:
         # Forked siblings hold this pipe's other end too, so a dead parent does not close it:
         # poll, and leave once the parent is gone.
@@ -408,9 +473,10 @@ class Pool:
         compile_timeout: float,
         phase_timeout: float,
         log: Path | None = None,
+        model: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.log = log
+        self.log, self.model = log, model
         self.compile_timeout = compile_timeout
         self.phase_timeout = phase_timeout
         self.ctx = mp.get_context("fork")
@@ -421,7 +487,7 @@ class Pool:
         parent, child = self.ctx.Pipe()
         process = self.ctx.Process(
             target=worker_main,
-            args=(child, self.tokenizer, self.compile_timeout, os.getpid(), self.log),
+            args=(child, self.tokenizer, self.compile_timeout, os.getpid(), self.log, self.model),
             daemon=True,
         )
         process.start()
@@ -493,7 +559,7 @@ class Pool:
         assert task is not None
         # Empty when it died between backends: the fresh worker just finishes the task.
         name = slot.backend or next((n for n in task.backends if n not in task.done), "")
-        if name and slot.phase == "generate" and slot.partial is not None:
+        if name and slot.phase in ("generate", "model") and slot.partial is not None:
             task.done[name] = {**slot.partial, "killed": kind}
             task.done[name]["gen_errors"] = [*slot.partial["gen_errors"], reason]
         elif name:

@@ -56,6 +56,7 @@ def summarise(tasks: Sequence[Task], backends: Sequence[str], times: Times) -> d
             "gen_terminated": terminated,
             "gen_valid": valid,
             "compliance_pct": 100.0 * valid / terminated if terminated else None,
+            **_model_counts(done),
             "compile_s": quantiles(
                 [d["compile_s"] for d in compiled if d["compile_s"] is not None]
             ),
@@ -64,6 +65,40 @@ def summarise(tasks: Sequence[Task], backends: Sequence[str], times: Times) -> d
     if all(name in backends for name in ALL):
         summary["auto_vs_better"] = auto_vs_better(tasks)
     return summary
+
+
+def _model_counts(done: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The reference engine's outputs (``--model``): counts and compliance."""
+    outputs = sum(d.get("model_outputs", 0) for d in done)
+    terminated = sum(d.get("model_terminated", 0) - d.get("model_unchecked", 0) for d in done)
+    valid = sum(d.get("model_valid", 0) for d in done)
+    return {
+        "model_outputs": outputs,
+        "model_terminated": terminated,
+        "model_valid": valid,
+        "model_compliance_pct": 100.0 * valid / terminated if terminated else None,
+    }
+
+
+def model_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """The reference engine's outputs per subset and backend (only when there are any)."""
+    rows = [
+        f"| {subset} | {name} | {s[name]['model_outputs']} | {s[name]['model_terminated']} "
+        f"| {s[name]['model_valid']} | {_num(s[name]['model_compliance_pct'], '.1f')} |"
+        for subset, s in summaries.items()
+        for name in ALL
+        if name in s and s[name]["model_outputs"]
+    ]
+    if not rows:
+        return ""
+    header = (
+        "| subset | backend | engine outputs | stopped | valid | compliance % |\n"
+        "|---|---|---:|---:|---:|---:|"
+    )
+    return (
+        "\n".join([header, *rows])
+        + "\n\nThe reference engine with --model (a greedy and a sampled output per schema).\n"
+    )
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -120,6 +155,9 @@ def markdown(summaries: dict[str, dict[str, Any]]) -> str:
     ]
     if versus:
         text += "\n" + auto_table(versus)
+    engine = model_table(summaries)
+    if engine:
+        text += "\n" + engine
     return text
 
 

@@ -155,16 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from guidedec import TokenizerInfo
     from guidedec.bench.report import markdown, mask_times, misses_markdown, plot, summarise
-    from guidedec.grammar.llguidance_backend import llguidance_tokenizer
-    from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info
 
-    tokenizer = TokenizerInfo.default()
-    xgrammar_tokenizer_info(tokenizer)  # built once here, inherited by the forked workers
-    llguidance_tokenizer(tokenizer)
     tqdm = importlib.import_module("tqdm").tqdm  # untyped (no stubs installed)
-    tqdm.monitor_interval = 0  # no monitor thread: workers are forked while the bar runs
+    tqdm.monitor_interval = 0  # no monitor thread
     started = time.monotonic()
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:  # SIGTERM ends the run through ``finally``, so that the workers go too
@@ -172,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = args.out / "workers.log"  # the backends' own warnings, kept off the terminal
     log.write_text("", encoding="utf-8")
     pool = Pool(
-        tokenizer, WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout, log, args.model
+        WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout, log=log, model=args.model
     )
     try:
         with tqdm(total=len(tasks), file=sys.stderr, unit="schema", dynamic_ncols=True) as bar:

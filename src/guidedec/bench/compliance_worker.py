@@ -2,10 +2,11 @@
 the chosen backends, under a parent that kills a worker whose backend passes its deadline or
 dies, records that against the backend, and goes on with the schema in a fresh worker.
 
-Workers are forked from the parent after it has built the backends' tokenizers, so a replacement
-starts in milliseconds. Per worker, ``auto`` is built over the same two backend factories (and so
-shares their compile caches): when both backends ran first, its compile time is the sum of the
-standalone compile times of the backends it tried, in its order.
+Workers are forked from a fork server that has built the backends' tokenizers
+(:mod:`guidedec.bench.preload`), so a replacement starts in milliseconds. Per worker, ``auto``
+is built over the same two backend factories (and so shares their compile caches): when both
+backends ran first, its compile time is the sum of the standalone compile times of the backends
+it tried, in its order.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class Evaluator:
         self.compile_timeout = compile_timeout
         self.model = model
         self.engines: dict[str, Any] = {}  # backend -> guidedec.LLM, built on first use
+        self.crash: str | None = None  # the CRASH_ENV test hook
         self.auto = AutoMatcherFactory(GuidedDecodingConfig(backend="auto", tokenizer=tokenizer))
         self.factories: dict[str, GrammarMatcherFactory] = {
             name: self.auto.factory(name) for name in BACKENDS
@@ -335,8 +337,7 @@ def validate(validator: Any, text: str) -> str | None:
     return None if error is None else f"invalid: {error.message}"
 
 
-def _crash_hook(task: Task, name: str) -> None:
-    target = os.environ.get(CRASH_ENV)
+def _crash_hook(task: Task, name: str, target: str | None) -> None:
     if target and target in (task.name, f"{task.name}@{name}"):
         os._exit(1)
 
@@ -345,7 +346,7 @@ def evaluate(ev: Evaluator, name: str, task: Task, conn: Connection) -> dict[str
     """Compile ``task`` with backend ``name``, check its instances and generate; sends the
     result (and a partial one before generation, kept if generation is killed)."""
     conn.send(("phase", name, "setup"))
-    _crash_hook(task, name)
+    _crash_hook(task, name, ev.crash)
     params = GuidedDecodingParams(json_schema=json.dumps(task.schema))
     blocked = auto_blocked(task, params) if name == "auto" else None
     times: array[float] = array("f")
@@ -413,24 +414,31 @@ def settle_auto_compile(
         out.compiled, out.error = False, f"compile timeout ({out.compile_s:.1f} s)"
 
 
-def worker_main(
-    conn: Connection,
-    tokenizer: TokenizerInfo,
-    compile_timeout: float,
-    parent: int,
-    log: Path | None = None,
-    model: str | None = None,
-) -> None:
-    if log is not None:  # the backends' native warnings would garble the progress bar
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What every worker is started with."""
+
+    compile_timeout: float
+    parent: int  # the benchmark's process: a worker leaves when it is gone
+    log: Path | None = None  # where the backends' own warnings go
+    model: str | None = None  # --model
+    crash: str | None = None  # the CRASH_ENV test hook, read by the parent
+
+
+def worker_main(conn: Connection, settings: WorkerSettings) -> None:
+    """A worker's loop: one task at a time until told to stop or orphaned. It uses the default
+    tokenizer, which the fork server built before forking it."""
+    if settings.log is not None:  # the backends' native warnings would garble the progress bar
+        fd = os.open(settings.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
-    ev = Evaluator(tokenizer, compile_timeout, model)
+    ev = Evaluator(TokenizerInfo.default(), settings.compile_timeout, settings.model)
+    ev.crash = settings.crash
     while True:
-        # Forked siblings hold this pipe's other end too, so a dead parent does not close it:
+        # Siblings may hold this pipe's other end too, so a dead parent need not close it:
         # poll, and leave once the parent is gone.
         while not conn.poll(1.0):
-            if os.getppid() != parent:
+            if not _alive(settings.parent):
                 return
         task: Task | None = conn.recv()
         if task is None:
@@ -442,8 +450,18 @@ def worker_main(
         conn.send(("done",))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
-# Parent side: a pool of forked workers with a watchdog
+# Parent side: a pool of workers with a watchdog
 # ---------------------------------------------------------------------------------------------
 
 # Mask times per (subset, schema index) and backend, in microseconds.
@@ -464,32 +482,36 @@ class Slot:
 
 
 class Pool:
-    """Runs tasks on forked workers; kills a worker whose backend passes its deadline."""
+    """Runs tasks on worker processes; kills a worker whose backend passes its deadline.
+
+    Workers are forked from a fork server (a fresh, single-threaded process that has built the
+    default tokenizer for both backends), not from this process: forking a process whose other
+    threads hold locks (an engine's, a compiler's, torch's) can leave the child waiting forever.
+    A replacement worker still starts in milliseconds.
+    """
 
     def __init__(
         self,
-        tokenizer: TokenizerInfo,
         workers: int,
         compile_timeout: float,
         phase_timeout: float,
+        *,
         log: Path | None = None,
         model: str | None = None,
     ) -> None:
-        self.tokenizer = tokenizer
-        self.log, self.model = log, model
+        self.settings = WorkerSettings(
+            compile_timeout, os.getpid(), log, model, os.environ.get(CRASH_ENV)
+        )
         self.compile_timeout = compile_timeout
         self.phase_timeout = phase_timeout
-        self.ctx = mp.get_context("fork")
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["guidedec.bench.preload"])
         self.slots = [self._spawn() for _ in range(workers)]
         self.times: Times = {}
 
     def _spawn(self) -> Slot:
         parent, child = self.ctx.Pipe()
-        process = self.ctx.Process(
-            target=worker_main,
-            args=(child, self.tokenizer, self.compile_timeout, os.getpid(), self.log, self.model),
-            daemon=True,
-        )
+        process = self.ctx.Process(target=worker_main, args=(child, self.settings), daemon=True)
         process.start()
         child.close()
         return Slot(process, parent)

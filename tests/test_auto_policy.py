@@ -54,6 +54,11 @@ GOES_TO_LLGUIDANCE: list[tuple[dict[str, Any], str]] = [
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     ({"type": "string", "format": "date"}, "format 'date'"),
     ({"type": "string", "format": "email"}, "format 'email'"),
+    ({"properties": {"at": {"format": "date-time"}}}, "format 'date-time' without a type"),
+    (
+        {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}},
+        "$ref '#'",
+    ),
     ({"type": "string", "maxLength": 32767}, "free text"),
     # Found through a reference, however deep.
     ({"$defs": {"d": {"not": STR}}, "items": {"$ref": "#/$defs/d"}}, "not"),

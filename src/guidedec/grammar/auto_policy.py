@@ -61,6 +61,7 @@ XGRAMMAR_INEXACT_KEYWORDS = frozenset(
 XGRAMMAR_INEXACT_FORMATS = frozenset(
     {"date", "date-time", "email", "uri", "uri-reference", "hostname", "ipv4", "ipv6"}
 )
+XGRAMMAR_STRING_FORMATS = XGRAMMAR_INEXACT_FORMATS | {"time", "uuid", "duration"}
 # Every keyword that constrains an instance (anything else is an annotation or unknown, which
 # validators ignore).
 VALIDATION_KEYWORDS = frozenset(
@@ -144,6 +145,8 @@ def ref_reason(node: Schema, root: Any) -> str | None:
         return None
     if not isinstance(ref, str) or resolve_ref(ref, root) is None:
         return f"$ref {ref!r} is not a local JSON pointer"
+    if ref == "#":  # measured on Github_easy o58637: a mask forbids a token accept_token takes
+        return "$ref '#' (recursion through the root): xgrammar's masks disagree with its matcher"
     siblings = validation_siblings(node, "$ref")
     return f"$ref beside {', '.join(siblings)}" if siblings else None
 
@@ -190,9 +193,14 @@ def string_reason(node: Schema, root: Any) -> str | None:
 
 
 def format_reason(node: Schema, root: Any) -> str | None:
-    """Formats xgrammar checks differently from the standard (XGRAMMAR_INEXACT_FORMATS)."""
-    if node.get("format") in XGRAMMAR_INEXACT_FORMATS and admits(node, "string"):
-        return f"format {node['format']!r}"
+    """Formats xgrammar checks differently from the standard (XGRAMMAR_INEXACT_FORMATS); and a
+    string format without any ``type``, which xgrammar ignores (FP on a string that is not of
+    the format; measured on Github_easy o32962, an untyped ``date-time``)."""
+    fmt = node.get("format")
+    if fmt in XGRAMMAR_INEXACT_FORMATS and admits(node, "string"):
+        return f"format {fmt!r}"
+    if "type" not in node and fmt in XGRAMMAR_STRING_FORMATS:
+        return f"format {fmt!r} without a type"
     return None
 
 

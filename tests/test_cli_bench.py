@@ -74,6 +74,13 @@ def test_bench_readme_splices_each_summary_between_its_markers(
         "<!-- bench:e2e -->\nold e2e\n<!-- /bench:e2e -->\nend\n"
     )
     assert "updated apply" in capsys.readouterr().out
+    (results / "compliance").mkdir()
+    (results / "compliance" / "misses.md").write_text(
+        "# x\n## xgrammar: 1 not covered\n- a\n## auto: 2 not covered\n- b\n- c\n"
+    )
+    assert main(args) == 0
+    doc = (tmp_path / "docs" / "compliance-misses.md").read_text()
+    assert doc.endswith("## auto: 2 not covered\n- b\n- c\n") and "## xgrammar" not in doc
     (results / "decoder").mkdir()
     (results / "decoder" / "summary.md").write_text("x\n")  # no decoder block in this README
     assert main(args) == 1

@@ -1,6 +1,7 @@
 """Put the benchmarks' tables into the README: each ``bench-out/NAME/summary.md`` replaces the
 text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` (``make bench-readme`` runs the
-benchmarks first)."""
+benchmarks first); ``auto``'s part of the compliance run's ``misses.md`` becomes
+``docs/compliance-misses.md`` beside the README."""
 
 from __future__ import annotations
 
@@ -32,4 +33,28 @@ def update(readme: Path, results: Path) -> list[str]:
             text = splice(text, name, summary.read_text(encoding="utf-8"))
             done.append(name)
     readme.write_text(text, encoding="utf-8")
+    misses = results / "compliance" / "misses.md"
+    if misses.is_file():
+        write_auto_misses(misses.read_text(encoding="utf-8"), readme.parent / MISSES_DOC)
+        done.append(str(MISSES_DOC))
     return done
+
+
+MISSES_DOC = Path("docs") / "compliance-misses.md"
+
+
+def write_auto_misses(misses: str, path: Path) -> None:
+    """The ``auto`` section of ``misses.md``: every schema it does not cover and every
+    non-compliant output, with the backend it was on and the cause."""
+    start = misses.find("## auto:")
+    if start < 0:
+        raise ReadmeError("misses.md has no auto section (run the benchmark with every backend)")
+    header = (
+        "# Where `auto` misses, and why\n\n"
+        "Written by `guidedec bench readme` from the last `make bench-compliance` run (see the "
+        'README\'s "Compliance" section): every schema `auto` does not cover and every schema '
+        "with a random-logits output that does not validate, with the backend `auto` was on "
+        "and the cause.\n\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + misses[start:], encoding="utf-8")

@@ -219,30 +219,48 @@ def cause_group(text: str) -> str:
 
 def misses_markdown(tasks: Sequence[Task], backends: Sequence[str]) -> str:
     """Every schema a backend does not cover and every non-compliant output, with the cause,
-    grouped by kind, then listed one by one."""
+    grouped by kind, then listed one by one. For ``auto`` the cause starts with the backend it
+    was on and why (the other one's refusal when it fell back)."""
     parts = ["# What the backends miss, and why", ""]
     for name in backends:
         causes = [(t, c) for t in tasks if (c := cause(t.done[name])) is not None]
         invalid = [t for t in tasks if _invalid_outputs(t.done[name])]
         title = f"## {name}: {len(causes)} not covered, {len(invalid)} with invalid outputs"
         parts += [title, ""]
-        groups = Counter(cause_group(c) for _, c in causes)
+        groups = Counter(
+            f"{auto_context(t.done)}: {cause_group(c)}" if name == "auto" else cause_group(c)
+            for t, c in causes
+        )
+        groups.update(f"{auto_context(t.done)}: invalid outputs" for t in invalid if name == "auto")
         if groups:
             parts += ["| count | cause (particulars blanked) |", "|---:|---|"]
             parts += [f"| {n} | {g.replace('|', '/')} |" for g, n in groups.most_common()]
             parts.append("")
         for t, c in causes:
-            chosen = t.done[name].get("chosen")
-            via = f" [{chosen}]" if chosen else ""
+            via = f" [{auto_context(t.done)}]" if name == "auto" else ""
             parts.append(f"- {t.subset} `{t.name}`{via}: {c}")
         for t in invalid:
             result = t.done[name]
             count = _invalid_outputs(result)
             errors = [e for e in result["gen_errors"] if not e.startswith("unchecked")]
             first = errors[0] if errors else "?"
-            parts.append(f"- {t.subset} `{t.name}`: {count} non-compliant output(s): {first}")
+            via = f" [{auto_context(t.done)}]" if name == "auto" else ""
+            parts.append(f"- {t.subset} `{t.name}`{via}: {count} non-compliant output(s): {first}")
         parts.append("")
     return "\n".join(parts)
+
+
+def auto_context(done: dict[str, dict[str, Any]]) -> str:
+    """The backend ``auto`` was on for a schema, and why when it is not its first choice."""
+    auto = done["auto"]
+    chosen, order = auto.get("chosen"), auto.get("order") or []
+    if not chosen:
+        return "no backend"
+    if order and chosen != order[0]:
+        refused = done.get(order[0], {}).get("error") or "refused"
+        refused = refused.split(": ", 1)[-1][:90]
+        return f"on {chosen}, {order[0]} refused ({refused})"
+    return f"on {chosen}"
 
 
 def _invalid_outputs(result: dict[str, Any]) -> int:

@@ -56,6 +56,10 @@ GOES_TO_LLGUIDANCE: list[tuple[dict[str, Any], str]] = [
     ({"type": "string", "format": "email"}, "format 'email'"),
     ({"properties": {"at": {"format": "date-time"}}}, "format 'date-time' without a type"),
     (
+        {"$defs": {"s": {"$dynamicAnchor": "s", "type": "string"}}, "items": {"$dynamicRef": "#s"}},
+        "$dynamicRef",
+    ),
+    (
         {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}},
         "$ref '#'",
     ),

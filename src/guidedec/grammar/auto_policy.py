@@ -49,6 +49,8 @@ XGRAMMAR_INEXACT_KEYWORDS = frozenset(
         "maxContains",
         "unevaluatedProperties",
         "unevaluatedItems",
+        # Not resolved: the reference accepts anything (FP; JSON-Schema-Test-Suite dynamicRef).
+        "$dynamicRef",
         # Matched as a full match, not a search (FN); with "properties" alongside, extra
         # properties escape both (FP).
         "patternProperties",

@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from conftest import data_path
-from guidedec import GrammarMatcherFactory, GuidedDecodingParams, TokenizerInfo
+from guidedec import (
+    GrammarMatcherFactory,
+    GuidedDecodingConfig,
+    GuidedDecodingParams,
+    TokenizerInfo,
+)
 from guidedec.errors import GrammarError
 from guidedec.grammar import auto
 from guidedec.grammar.auto import (
@@ -151,6 +156,24 @@ def test_falls_back_to_xgrammar_when_llguidance_refuses(auto_factory: AutoMatche
     assert backend_order(params)[0] == LLGUIDANCE  # llguidance lacks "not" and says so
     assert auto_factory.create(params).backend == XGRAMMAR
     assert auto_factory.chosen_backend(params) == XGRAMMAR
+
+
+def test_without_approximation_a_schema_no_backend_enforces_fails(
+    tokenizer: TokenizerInfo,
+) -> None:
+    strict = AutoMatcherFactory(
+        GuidedDecodingConfig(backend="auto", tokenizer=tokenizer, approximate=False)
+    )
+    params = json_schema({"type": "string", "not": {"const": "x"}})
+    with pytest.raises(GrammarError, match="no backend can enforce") as error:
+        strict.create(params)
+    message = str(error.value)
+    assert "[llguidance]" in message and "would only approximate" in message and "not" in message
+    assert strict.chosen_backend(params) is None
+    # What a backend enforces exactly is unaffected, whichever backend it is.
+    assert strict.create(json_schema({"type": "string", "maxLength": 3})).backend == XGRAMMAR
+    tuple_schema = {"type": "array", "items": [INT, STR], "additionalItems": False}
+    assert strict.create(json_schema(tuple_schema)).backend == LLGUIDANCE
 
 
 def test_falls_back_to_llguidance_when_xgrammar_refuses(auto_factory: AutoMatcherFactory) -> None:

@@ -153,6 +153,12 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         "--whitespace", default="flexible", choices=["flexible", "compact"], help="JSON whitespace"
     )
     run.add_argument(
+        "--no-approximate",
+        dest="approximate",
+        action="store_false",
+        help="auto: fail a JSON schema no backend enforces exactly instead of approximating it",
+    )
+    run.add_argument(
         "--no-overlap",
         dest="overlap",
         action="store_false",

@@ -116,6 +116,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             num_draft_tokens=args.num_draft_tokens,
             json_whitespace=args.whitespace,
             overlap=getattr(args, "overlap", True),
+            approximate=getattr(args, "approximate", True),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc

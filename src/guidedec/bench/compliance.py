@@ -122,6 +122,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=10.0, help="compile timeout, s")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
+        "--no-approximate",
+        dest="approximate",
+        action="store_false",
+        help="auto refuses a schema no backend enforces exactly instead of approximating it",
+    )
+    parser.add_argument(
         "--model",
         metavar="NAME",
         help="also generate with the reference engine on this model (e.g. tiny-random): "
@@ -166,7 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = args.out / "workers.log"  # the backends' own warnings, kept off the terminal
     log.write_text("", encoding="utf-8")
     pool = Pool(
-        WORKERS, args.timeout, PHASE_TIMEOUT_FACTOR * args.timeout, log=log, model=args.model
+        WORKERS,
+        args.timeout,
+        PHASE_TIMEOUT_FACTOR * args.timeout,
+        log=log,
+        model=args.model,
+        approximate=args.approximate,
     )
     try:
         with tqdm(total=len(tasks), file=sys.stderr, unit="schema", dynamic_ncols=True) as bar:

@@ -146,14 +146,19 @@ class Evaluator:
     """The factories of one worker process (``auto`` is built over the two backend ones)."""
 
     def __init__(
-        self, tokenizer: TokenizerInfo, compile_timeout: float, model: str | None = None
+        self,
+        tokenizer: TokenizerInfo,
+        compile_timeout: float,
+        model: str | None = None,
+        approximate: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.compile_timeout = compile_timeout
         self.model = model
         self.engines: dict[str, Any] = {}  # backend -> guidedec.LLM, built on first use
         self.crash: str | None = None  # the CRASH_ENV test hook
-        self.auto = AutoMatcherFactory(GuidedDecodingConfig(backend="auto", tokenizer=tokenizer))
+        config = GuidedDecodingConfig(backend="auto", tokenizer=tokenizer, approximate=approximate)
+        self.auto = AutoMatcherFactory(config)
         self.factories: dict[str, GrammarMatcherFactory] = {
             name: self.auto.factory(name) for name in BACKENDS
         }
@@ -423,6 +428,7 @@ class WorkerSettings:
     log: Path | None = None  # where the backends' own warnings go
     model: str | None = None  # --model
     crash: str | None = None  # the CRASH_ENV test hook, read by the parent
+    approximate: bool = True  # auto's GuidedDecodingConfig.approximate
 
 
 def worker_main(conn: Connection, settings: WorkerSettings) -> None:
@@ -432,7 +438,9 @@ def worker_main(conn: Connection, settings: WorkerSettings) -> None:
         fd = os.open(settings.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
-    ev = Evaluator(TokenizerInfo.default(), settings.compile_timeout, settings.model)
+    ev = Evaluator(
+        TokenizerInfo.default(), settings.compile_timeout, settings.model, settings.approximate
+    )
     ev.crash = settings.crash
     while True:
         # Siblings may hold this pipe's other end too, so a dead parent need not close it:
@@ -498,9 +506,10 @@ class Pool:
         *,
         log: Path | None = None,
         model: str | None = None,
+        approximate: bool = True,
     ) -> None:
         self.settings = WorkerSettings(
-            compile_timeout, os.getpid(), log, model, os.environ.get(CRASH_ENV)
+            compile_timeout, os.getpid(), log, model, os.environ.get(CRASH_ENV), approximate
         )
         self.compile_timeout = compile_timeout
         self.phase_timeout = phase_timeout

@@ -45,6 +45,8 @@ class LLM(EngineCore):
         json_whitespace: ``"flexible"`` (bounded runs) or ``"compact"`` JSON whitespace.
         overlap: Build each step's masks while its forward runs (see
             :mod:`guidedec.engine.core`); the outputs are the same either way.
+        approximate: With ``backend="auto"``, guide a JSON schema that no backend enforces
+            exactly with xgrammar's approximation (``True``) or fail its request (``False``).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class LLM(EngineCore):
         compile_timeout_s: float = 60.0,
         json_whitespace: WhitespaceMode = "flexible",
         overlap: bool = True,
+        approximate: bool = True,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -74,6 +77,7 @@ class LLM(EngineCore):
             tokenizer=loaded.tokenizer,
             max_rollback_tokens=k + 1,
             json_whitespace=json_whitespace,
+            approximate=approximate,
         )
         super().__init__(
             loaded,

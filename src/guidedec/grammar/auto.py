@@ -32,7 +32,7 @@ from guidedec.grammar.auto_policy import (
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
-from guidedec.grammar.params import GuidedDecodingParams
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
 
 _MAX_REMEMBERED_CHOICES = 65536
 
@@ -81,6 +81,10 @@ class AutoMatcherFactory(GrammarMatcherFactory):
         order = (known,) if known else backend_order(params)
         errors: list[GrammarError] = []
         for name in order:
+            inexact = self._refused_approximation(name, params, errors)
+            if inexact is not None:
+                errors.append(inexact)
+                continue
             try:
                 matcher = self.factory(name).create(params)
             except GrammarError as exc:
@@ -92,6 +96,21 @@ class AutoMatcherFactory(GrammarMatcherFactory):
         raise GrammarError(
             f"no backend can enforce this {params.guide_type.value} guide: {reasons}"
         )
+
+    def _refused_approximation(
+        self, name: str, params: GuidedDecodingParams, errors: list[GrammarError]
+    ) -> GrammarError | None:
+        """With ``approximate=False``: the refusal of a fallback to xgrammar for a JSON schema
+        it only approximates (else None)."""
+        if self.config.approximate or name != XGRAMMAR or not errors:
+            return None
+        if params.guide_type is not GuideType.JSON_SCHEMA:
+            return None
+        assert isinstance(params.guide, str)
+        reason = xgrammar_inexact_reason(params.guide)
+        if reason is None:
+            return None
+        return GrammarError(f"[xgrammar] would only approximate this schema ({reason})")
 
     def _remember(self, key: Hashable, name: str) -> None:
         with self._lock:

@@ -32,6 +32,10 @@ class GuidedDecodingConfig:
             (space, tab, CR, LF) wherever JSON allows whitespace, so the model can indent as it
             was trained to but can never loop on whitespace; ``"compact"`` allows none.
         max_json_whitespace: The longest whitespace run in ``"flexible"`` mode.
+        approximate: For ``"auto"``, when no backend enforces a JSON schema exactly (llguidance
+            refuses a construct that xgrammar only approximates, such as ``not``): ``True``
+            (default) guides with xgrammar's approximation, whose outputs may not validate;
+            ``False`` fails the request, naming both reasons, so that every output validates.
     """
 
     backend: BackendName = "auto"
@@ -40,6 +44,7 @@ class GuidedDecodingConfig:
     max_rollback_tokens: int = 0
     json_whitespace: WhitespaceMode = "flexible"
     max_json_whitespace: int = 20
+    approximate: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

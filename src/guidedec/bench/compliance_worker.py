@@ -266,15 +266,9 @@ class Evaluator:
             if not output.finished:
                 continue
             out.gen_terminated += 1
-            text = self.tokenizer.decode(output.token_ids)
-            verdict = validate(validator, text)
-            if verdict is None:
-                out.gen_valid += 1
-            elif verdict.startswith("unchecked"):
-                out.gen_unchecked += 1
-                _note(out.gen_errors, verdict)
-            else:
-                _note(out.gen_errors, f"{verdict}: {text[:80]}")
+            verdict = judge(validator, self.tokenizer.decode(output.token_ids), out.gen_errors)
+            out.gen_valid += verdict == "valid"
+            out.gen_unchecked += verdict == "unchecked"
 
     def generate_with_model(
         self, name: str, params: GuidedDecodingParams, schema: Any, out: Outcome
@@ -308,14 +302,22 @@ class Evaluator:
             if output.finish_reason != "stop":
                 continue
             out.model_terminated += 1
-            verdict = validate(validator, output.text)
-            if verdict is None:
-                out.model_valid += 1
-            elif verdict.startswith("unchecked"):
-                out.model_unchecked += 1
-                _note(out.model_errors, verdict)
-            else:
-                _note(out.model_errors, f"{verdict}: {output.text[:80]}")
+            verdict = judge(validator, output.text, out.model_errors)
+            out.model_valid += verdict == "valid"
+            out.model_unchecked += verdict == "unchecked"
+
+
+def judge(validator: Any, text: str, errors: list[str]) -> str:
+    """``"valid"``, ``"unchecked"`` (the validator could not judge) or ``"invalid"`` for one
+    terminated output; notes why in ``errors`` when it is not valid."""
+    verdict = validate(validator, text)
+    if verdict is None:
+        return "valid"
+    if verdict.startswith("unchecked"):
+        _note(errors, verdict)
+        return "unchecked"
+    _note(errors, f"{verdict}: {text[:80]}")
+    return "invalid"
 
 
 def _validator_or_note(schema: Any, errors: list[str]) -> Any:

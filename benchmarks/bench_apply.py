@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from guidedec.bench.cases import JSON_CASES as CASES
-from guidedec.bench.plots import grouped_bars, write_summary
+from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask, bitmask_size
 
 VOCAB_SIZE = 129280
@@ -235,7 +235,6 @@ def write_json(
     first: dict[str, float],
     first_batch: int,
 ) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "vocab_size": VOCAB_SIZE,
         "dtype": "float32",
@@ -248,8 +247,7 @@ def write_json(
         "median_ms": results,
         "first_call_ms": {"batch": first_batch, **first},
     }
-    path = args.out / "bench_apply.json"
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(args.out, "bench_apply", report)
     print(f"\nwrote {path}")
 
 

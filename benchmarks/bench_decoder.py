@@ -47,7 +47,7 @@ import guidedec
 from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, GuidedRequest
 from guidedec.bench.cases import JSON_CASES as CASES
 from guidedec.bench.environment import environment
-from guidedec.bench.plots import grouped_bars, write_summary
+from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
@@ -479,7 +479,6 @@ def header(args: argparse.Namespace, vocab: int, cases: list[Case], load: float)
 def write_json(
     args: argparse.Namespace, cases: list[Case], load: float, rows: list[dict[str, Any]]
 ) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "argv": sys.argv[1:],
         "vocab_size": guidedec.TokenizerInfo.default().vocab_size,
@@ -491,8 +490,7 @@ def write_json(
         "load_average_at_start": load,
         "rows": rows,
     }
-    path = args.out / "bench_decoder.json"
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(args.out, "bench_decoder", report)
     print(f"\nwrote {path}")
 
 

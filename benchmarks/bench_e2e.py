@@ -35,7 +35,7 @@ import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.environment import environment
-from guidedec.bench.plots import grouped_bars, write_summary
+from guidedec.bench.plots import grouped_bars, write_report, write_summary
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 MODES = ("unguided", "sequential", "overlapped")
@@ -224,7 +224,6 @@ def header(args: argparse.Namespace, load: float, load_end: float) -> str:
 
 
 def write_json(args: argparse.Namespace, load: float, rows: list[dict[str, Any]]) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "argv": sys.argv[1:],
         "model": "tiny-random",
@@ -239,8 +238,7 @@ def write_json(args: argparse.Namespace, load: float, rows: list[dict[str, Any]]
         "load_average_at_start": load,
         "rows": rows,
     }
-    path = args.out / "bench_e2e.json"
-    path.write_text(json.dumps(report, indent=2))
+    path = write_report(args.out, "bench_e2e", report)
     print(f"\nwrote {path}")
 
 

@@ -28,7 +28,7 @@ import torch
 
 from guidedec import GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
 from guidedec.bench.environment import environment
-from guidedec.bench.plots import write_summary
+from guidedec.bench.plots import write_report, write_summary
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 
@@ -144,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         report = {"argv": sys.argv[1:], **environment(), "rows": rows}
-        (args.out / "bench_gil.json").write_text(json.dumps(report, indent=2))
+        write_report(args.out, "bench_gil", report)
         write_summary(args.out, text)
     return 0
 

@@ -14,7 +14,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from guidedec.bench.environment import environment
-from guidedec.bench.plots import write_summary
+from guidedec.bench.plots import write_report, write_summary
 from guidedec.bitmask import apply_bitmask, bitmask_size
 from guidedec.testing import random_bitmask
 
@@ -110,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     text = f"device: {torch.cuda.get_device_name()}\n\n{markdown(rows)}"
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         report = {"argv": sys.argv[1:], **environment(), "rows": rows}
-        (args.out / "bench_gpu_apply.json").write_text(json.dumps(report, indent=2))
+        write_report(args.out, "bench_gpu_apply", report)
         write_summary(args.out, text)
     return 0
 

@@ -3,8 +3,10 @@ charts (matplotlib's object API, no display needed)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +45,14 @@ def grouped_bars(
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    return path
+
+
+def write_report(out: Path, name: str, report: dict[str, Any]) -> Path:
+    """``out/name.json``: a benchmark's measurements and the environment they ran in."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     return path
 
 

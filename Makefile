@@ -37,6 +37,7 @@ BENCH_OUT ?= bench-out
 bench: $(STAMP)
 	$(PY) -m guidedec bench apply --out $(BENCH_OUT)/apply
 	$(PY) -m guidedec bench decoder --out $(BENCH_OUT)/decoder
+	$(PY) -m guidedec bench fill --out $(BENCH_OUT)/fill
 	$(PY) -m guidedec bench e2e --out $(BENCH_OUT)/e2e
 
 bench-compliance: $(STAMP)

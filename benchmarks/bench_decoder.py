@@ -438,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
     rows = []
     for backend in args.backends:
-        config = GuidedDecodingConfig(backend=backend, tokenizer=tok)
+        # One row at a time, as the raw path: bench_fill.py measures the parallel fills.
+        config = GuidedDecodingConfig(backend=backend, tokenizer=tok, fill_mode="sequential")
         factory = create_grammar_matcher_factory(config)
         for batch in args.batches:
             for drafts in args.drafts:

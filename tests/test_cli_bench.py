@@ -25,6 +25,7 @@ def test_bench_apply_runs_the_apply_benchmark(capsys: pytest.CaptureFixture[str]
             ["--backends", "xgrammar", "--batches", "1", "--drafts", "0", "--repeats", "2"],
         ),
         ("e2e", ["--batches", "1", "--tokens", "3", "--repeats", "1"]),
+        ("fill", ["--backends", "llguidance", "--batches", "4", "--repeats", "1"]),
     ],
 )
 def test_bench_out_writes_json_png_and_summary(

@@ -31,3 +31,8 @@ class UnsupportedGuideError(GrammarError):
 
 class MatcherError(GuidedecError, RuntimeError):
     """A grammar matcher entered an unrecoverable state while a request was being decoded."""
+
+
+REQUEST_ERRORS: tuple[type[Exception], ...] = (GuidedecError, ValueError, RuntimeError)
+"""What a matcher operation may raise for one request; the decoder reports these for that
+request only (anything else is a bug and propagates)."""

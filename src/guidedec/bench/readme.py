@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-NAMES = ("compliance", "apply", "decoder", "e2e")
+NAMES = ("compliance", "apply", "decoder", "fill", "e2e")
 
 
 class ReadmeError(ValueError):

@@ -19,7 +19,8 @@ from guidedec.bitmask import HostRowChecker, allocate_bitmask, apply_bitmask_sha
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.streams import StepSync
-from guidedec.errors import GuidedecError
+from guidedec.errors import REQUEST_ERRORS, GuidedecError
+from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
@@ -29,6 +30,18 @@ Failure = tuple[int, str]
 
 class RequestError(GuidedecError):
     """Why one request cannot go on; collected by ``build``, never raised to the caller."""
+
+
+class _RowFill:
+    """A request whose rows ``build`` is filling: the next is ``row`` (``offset + position``)."""
+
+    __slots__ = ("drafts", "matcher", "position", "req", "row")
+
+    def __init__(
+        self, req: GuidedRequest, matcher: GrammarMatcher, row: int, drafts: tuple[int, ...]
+    ) -> None:
+        self.req, self.matcher, self.row, self.drafts = req, matcher, row, drafts
+        self.position = 0
 
 
 @dataclass(slots=True)
@@ -92,6 +105,7 @@ class BaseGuidedDecoder:
         self.device = torch.device(device)
         self.rank = rank
         self.factory = factory if factory is not None else create_grammar_matcher_factory(config)
+        self._filler = BatchFiller(config.fill_mode, config.fill_threads)
         self._allocate_buffers()
         self.grammar_matchers: list[GrammarMatcher | None] = [None] * max_num_sequences
         self.num_advanced_tokens = [0] * max_num_sequences
@@ -171,7 +185,7 @@ class BaseGuidedDecoder:
             try:
                 self._create_matcher(req)
                 self._disagg_init[req.request_id] = True
-            except (GuidedecError, ValueError, RuntimeError) as exc:
+            except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._disagg_init[req.request_id] = False
         return failures
@@ -198,8 +212,13 @@ class BaseGuidedDecoder:
         return failures
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:
+        """Advance each request's matcher, then fill rows in waves: the new-token rows of every
+        request in one batch fill, then each request advances by its next draft token and the
+        next wave fills the rows after them. Per request this is the same sequence of matcher
+        calls as filling its rows one after another."""
         self._token_mask_np[: batch.num_bitmask_tokens] = 0
         failures: list[Failure] = []
+        wave: list[_RowFill] = []
         draft_len = batch.num_draft_tokens
         for req, offset in zip(batch.requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
@@ -209,24 +228,29 @@ class BaseGuidedDecoder:
             self.num_guided_tokens[slot] = 0
             drafts = () if req.is_draft else req.draft_tokens[:draft_len]
             try:
-                self._build_request(req, drafts, offset)
-                self.stats.rows_filled += self.num_guided_tokens[slot]
-            except (GuidedecError, ValueError, RuntimeError) as exc:
-                failures.append((req.request_id, failure_message(req, exc)))
-                self._forget(req)
+                matcher = self._start_request(req, drafts)
+            except REQUEST_ERRORS as exc:
+                self._fail(req, exc, failures)
+                continue
+            if matcher is not None:
+                wave.append(_RowFill(req, matcher, offset, drafts))
+        while wave:
+            wave = self._fill_wave(wave, failures)
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
             self._disagg_init.clear()
         return failures
 
-    def _build_request(self, req: GuidedRequest, drafts: tuple[int, ...], offset: int) -> None:
+    def _start_request(self, req: GuidedRequest, drafts: tuple[int, ...]) -> GrammarMatcher | None:
+        """Create or advance the request's matcher; returns it when its new-token row is to be
+        filled, None when nothing is to be masked."""
         init, advance = req.require_matcher_init(), req.require_matcher_advance()
         if init and req.is_generation_only_first_iteration:
             created = self._disagg_init.pop(req.request_id, None)
             if created is False:
-                return  # its failure was reported by init_disagg_gen_requests
+                return None  # its failure was reported by init_disagg_gen_requests
             init = created is None
         if not (init or advance):
-            return
+            return None
         slot = req.seq_slot
         if init:
             self._create_matcher(req)
@@ -234,7 +258,7 @@ class BaseGuidedDecoder:
         if matcher is None:
             if req.is_draft:
                 self.is_draft_terminated[slot] = True
-                return
+                return None
             raise RequestError("has no grammar matcher (an earlier step failed)")
         if advance and matcher.is_terminated():
             # The matcher has accepted a stop token already: inside the drafts verified at the
@@ -245,14 +269,13 @@ class BaseGuidedDecoder:
             self._num_verifiable_tokens[slot] = 1 + len(drafts)
             if req.is_draft:
                 self.is_draft_terminated[slot] = True
-            return
+            return None
         if advance and not self._advance(req, matcher):
-            return
+            return None
         self._num_verifiable_tokens[slot] = 1 + len(drafts)
-        if not matcher.is_terminated() and self._fill_row(req, matcher, offset) and drafts:
-            self._fill_draft_rows(req, drafts, matcher, offset)
-        if req.is_draft:
+        if req.is_draft:  # a draft request has no drafts: its advances end here
             self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
+        return None if matcher.is_terminated() else matcher
 
     def _advance(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
         """Feed ``new_token``; False when a draft request's guiding stops here (nothing to roll
@@ -270,46 +293,70 @@ class BaseGuidedDecoder:
         self.num_advanced_tokens[slot] += 1
         return True
 
-    def _fill_row(self, req: GuidedRequest, matcher: GrammarMatcher, offset: int) -> bool:
-        """Fill the new-token row; False when a draft request's guiding stops here (its advance
-        still counts: the drafting loop rolls it back)."""
-        slot = req.seq_slot
-        matcher.fill_next_token_bitmask(self.bitmask_host, offset)
-        if not self._row_is_valid(offset):
-            if req.is_draft:
-                self.is_draft_terminated[slot] = True
-                return False
-            raise RequestError("reached a grammar state that allows no token (dead end)")
-        self._token_mask_np[offset] = 1
-        self.num_guided_tokens[slot] += 1
-        return True
+    def _fill_wave(self, wave: list[_RowFill], failures: list[Failure]) -> list[_RowFill]:
+        """Fill the current row of every request of the wave; returns the next wave."""
+        next_wave: list[_RowFill] = []
+        bitmask = self.bitmask_host
+        if self._filler.one_by_one(len(wave)):  # the common case, kept lean: one native call
+            for item in wave:
+                try:
+                    item.matcher.fill_next_token_bitmask(bitmask, item.row)
+                    self._after_fill(item, next_wave)
+                except REQUEST_ERRORS as exc:
+                    self._fail(item.req, exc, failures)
+            return next_wave
+        errors = self._filler.fill(
+            [item.matcher for item in wave], bitmask, [item.row for item in wave]
+        )
+        for item, error in zip(wave, errors, strict=True):
+            try:
+                if error is not None:
+                    raise error
+                self._after_fill(item, next_wave)
+            except REQUEST_ERRORS as exc:
+                self._fail(item.req, exc, failures)
+        return next_wave
 
-    def _fill_draft_rows(
-        self, req: GuidedRequest, drafts: tuple[int, ...], matcher: GrammarMatcher, offset: int
-    ) -> None:
-        """Advance through the draft tokens, filling the row of each next position.
+    def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
+        failures.append((req.request_id, failure_message(req, exc)))
+        self._forget(req)
 
-        Stops at a rejected draft token (verification cannot accept it: the row before it masks
-        it out), at termination, or at a dead-end row: the remaining draft positions stay
-        unconstrained and are verified as usual.
+    def _after_fill(self, item: _RowFill, next_wave: list[_RowFill]) -> None:
+        """Check the row just filled and advance by the next draft token; the request joins
+        ``next_wave`` when the row after that token is to be filled.
+
+        A dead-end new-token row fails the request (a draft request only stops guiding). The
+        draft rows stop at a rejected draft token (verification cannot accept it: the row before
+        it masks it out), at termination, or at a dead-end row: the remaining draft positions
+        stay unconstrained and are verified as usual.
         """
+        req, row = item.req, item.row
         slot = req.seq_slot
-        bitmask, row_is_valid, live = self.bitmask_host, self._row_is_valid, self._token_mask_np
-        advanced = guided = 0
-        for i, token in enumerate(drafts, 1):
-            if not matcher.accept_token(token):
-                self._num_verifiable_tokens[slot] = i
-                break
-            advanced += 1
-            if matcher.is_terminated():
-                break
-            matcher.fill_next_token_bitmask(bitmask, offset + i)
-            if not row_is_valid(offset + i):
-                break
-            live[offset + i] = 1
-            guided += 1
-        self.num_advanced_tokens[slot] += advanced
-        self.num_guided_tokens[slot] += guided
+        if not self._row_is_valid(row):
+            if item.position == 0:
+                if not req.is_draft:
+                    raise RequestError("reached a grammar state that allows no token (dead end)")
+                self.is_draft_terminated[slot] = True
+            self.stats.rows_filled += self.num_guided_tokens[slot]
+            return
+        self._token_mask_np[row] = 1
+        self.num_guided_tokens[slot] += 1
+        position = item.position
+        if position < len(item.drafts):
+            if item.matcher.accept_token(item.drafts[position]):
+                self.num_advanced_tokens[slot] += 1
+                if not item.matcher.is_terminated():
+                    item.position, item.row = position + 1, row + 1
+                    next_wave.append(item)
+                    return
+            else:
+                self._num_verifiable_tokens[slot] = position + 1
+        self.stats.rows_filled += self.num_guided_tokens[slot]
+
+    def fill_decisions(self) -> dict[tuple[str, int], str]:
+        """How ``build`` fills each backend's rows by batch size, as far as ``fill_mode="auto"``
+        has measured (see :meth:`guidedec.grammar.batch_fill.BatchFiller.decisions`)."""
+        return self._filler.decisions()
 
     def release_slot(self, seq_slot: int) -> None:
         """Drop the grammar state of a finished or aborted request's slot."""

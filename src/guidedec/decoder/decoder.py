@@ -29,7 +29,7 @@ from guidedec.decoder.base import (
     failure_message,
 )
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
-from guidedec.errors import GuidedecError
+from guidedec.errors import REQUEST_ERRORS
 
 __all__ = ["DecoderStats", "Failure", "GuidedDecoder", "RequestError"]
 
@@ -94,7 +94,7 @@ class GuidedDecoder(BaseGuidedDecoder):
                 continue
             try:
                 matcher.rollback(advanced)
-            except (GuidedecError, ValueError, RuntimeError) as exc:
+            except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)
         return failures
@@ -190,7 +190,7 @@ class GuidedDecoder(BaseGuidedDecoder):
                 continue
             try:
                 self._rollback_to_accepted(slot, advanced, count)
-            except (GuidedecError, ValueError, RuntimeError) as exc:
+            except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)
         return failures

@@ -10,6 +10,7 @@ from guidedec.tokenizer import TokenizerInfo
 
 BackendName = Literal["xgrammar", "llguidance", "auto"]
 WhitespaceMode = Literal["flexible", "compact"]
+FillMode = Literal["auto", "parallel", "sequential"]
 
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 
@@ -36,6 +37,12 @@ class GuidedDecodingConfig:
             refuses a construct that xgrammar only approximates, such as ``not``): ``True``
             (default) guides with xgrammar's approximation, whose outputs may not validate;
             ``False`` fails the request, naming both reasons, so that every output validates.
+        fill_mode: How a decoder fills the rows of a batch: ``"auto"`` (default) times the
+            backends' parallel batch calls against one row at a time on the live batches and
+            keeps the faster (see :mod:`guidedec.grammar.batch_fill`); ``"parallel"`` or
+            ``"sequential"`` force one way. The masks are the same either way.
+        fill_threads: Threads of a parallel fill (default: the CPUs this process may use, at
+            most 16; 1 means sequential).
     """
 
     backend: BackendName = "auto"
@@ -45,6 +52,8 @@ class GuidedDecodingConfig:
     json_whitespace: WhitespaceMode = "flexible"
     max_json_whitespace: int = 20
     approximate: bool = True
+    fill_mode: FillMode = "auto"
+    fill_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -57,6 +66,12 @@ class GuidedDecodingConfig:
             )
         if self.max_json_whitespace < 1:
             raise ValueError(f"max_json_whitespace must be >= 1, got {self.max_json_whitespace}")
+        if self.fill_mode not in get_args(FillMode):
+            raise ValueError(
+                f"fill_mode must be one of {list(get_args(FillMode))}, got {self.fill_mode!r}"
+            )
+        if self.fill_threads is not None and self.fill_threads < 1:
+            raise ValueError(f"fill_threads must be >= 1, got {self.fill_threads}")
         if self.cache_limit_bytes < 0 or self.max_rollback_tokens < 0:
             raise ValueError("cache_limit_bytes and max_rollback_tokens must be non-negative")
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +22,12 @@ from guidedec.grammar.convert import (
     regex_for_llguidance,
     structural_tag_to_lark,
 )
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
+from guidedec.grammar.matcher import (
+    GrammarMatcher,
+    GrammarMatcherFactory,
+    check_rollback,
+    fill_one_by_one,
+)
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
 
@@ -101,6 +109,49 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _check_error(self) -> None:
         if self._matcher.is_error():
             raise MatcherError(f"llguidance matcher error: {self._matcher.get_error()}")
+
+    parallel_fill = True
+
+    @classmethod
+    def fill_next_token_bitmasks(
+        cls,
+        matchers: Sequence[GrammarMatcher],
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+        *,
+        num_threads: int,
+    ) -> list[Exception | None]:
+        """All rows in one ``llguidance.LLExecutor`` call, on ``num_threads`` threads; a matcher
+        that errs is reported on its own (llguidance records the error in that matcher)."""
+        own = [m for m in matchers if isinstance(m, LLGuidanceMatcher)]
+        if len(own) != len(matchers) or any(m._terminated for m in own) or not own:
+            return fill_one_by_one(matchers, bitmask, rows)
+        _check_host_bitmask(bitmask, own[0]._vocab_size)
+        num_rows = bitmask.shape[0]
+        bad = [row for row in rows if not 0 <= row < num_rows]
+        if bad:
+            raise IndexError(f"bitmask rows {bad[:5]} out of range for {num_rows} rows")
+        executor, lock = _executor(num_threads)
+        pairs = [(m._matcher, row) for m, row in zip(own, rows, strict=True)]
+        with lock:
+            executor.unsafe_compute_mask_ptr(
+                pairs, bitmask.data_ptr(), bitmask.shape[1] * 4, num_rows
+            )
+        errors: list[Exception | None] = []
+        for m in own:
+            try:
+                m._check_error()
+                errors.append(None)
+            except MatcherError as exc:
+                errors.append(exc)
+        return errors
+
+
+@functools.cache
+def _executor(num_threads: int) -> tuple[llg.LLExecutor, threading.Lock]:
+    """One executor (it owns a thread pool) per thread count, with a lock: the decoders of one
+    process take turns on it."""
+    return llg.LLExecutor(num_threads), threading.Lock()
 
 
 def _check_host_bitmask(bitmask: torch.Tensor, vocab_size: int) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 
+from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.params import GuidedDecodingParams
 
 
@@ -35,6 +37,43 @@ class GrammarMatcher(ABC):
     @abstractmethod
     def is_terminated(self) -> bool:
         """Whether a stop token has been accepted (the output is complete)."""
+
+    # The batch operation: a backend that can fill many rows at once (on its own threads)
+    # overrides it; the default fills them one by one.
+    parallel_fill = False
+    """Whether :meth:`fill_next_token_bitmasks` fills rows in parallel (else one by one)."""
+
+    @classmethod
+    def fill_next_token_bitmasks(
+        cls,
+        matchers: Sequence[GrammarMatcher],
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+        *,
+        num_threads: int,
+    ) -> list[Exception | None]:
+        """Fill row ``rows[i]`` of ``bitmask`` for ``matchers[i]`` (matchers of this class, none
+        terminated), each as :meth:`fill_next_token_bitmask` would.
+
+        Returns, per matcher, the exception (one of ``REQUEST_ERRORS``) its fill raised, or
+        None: one matcher's failure never stops the others. ``num_threads`` bounds the threads
+        of a parallel backend.
+        """
+        return fill_one_by_one(matchers, bitmask, rows)
+
+
+def fill_one_by_one(
+    matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+) -> list[Exception | None]:
+    """:meth:`GrammarMatcher.fill_next_token_bitmasks` without parallelism."""
+    errors: list[Exception | None] = []
+    for matcher, row in zip(matchers, rows, strict=True):
+        try:
+            matcher.fill_next_token_bitmask(bitmask, row)
+            errors.append(None)
+        except REQUEST_ERRORS as exc:
+            errors.append(exc)
+    return errors
 
 
 def check_rollback(num_tokens: int, num_accepted: int) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import threading
 import warnings
+from collections.abc import Sequence
 
 import torch
 import xgrammar as xgr
@@ -19,7 +22,12 @@ from guidedec.grammar.convert import (
     regex_for_xgrammar,
     structural_tag_to_xgrammar_arg,
 )
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, check_rollback
+from guidedec.grammar.matcher import (
+    GrammarMatcher,
+    GrammarMatcherFactory,
+    check_rollback,
+    fill_one_by_one,
+)
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
 
@@ -67,6 +75,40 @@ class XGrammarMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         return self._terminated
+
+    parallel_fill = True
+
+    @classmethod
+    def fill_next_token_bitmasks(
+        cls,
+        matchers: Sequence[GrammarMatcher],
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+        *,
+        num_threads: int,
+    ) -> list[Exception | None]:
+        """All rows in one ``xgrammar.BatchGrammarMatcher`` call, on ``num_threads`` threads.
+
+        xgrammar raises for the whole batch when one row cannot be filled; the rows are then
+        filled one by one, so that the failure is reported for its own request only.
+        """
+        inner = [m._matcher for m in matchers if isinstance(m, XGrammarMatcher)]
+        if len(inner) != len(matchers) or any(m.is_terminated() for m in matchers):
+            return fill_one_by_one(matchers, bitmask, rows)
+        batch_matcher, lock = _batch_matcher(num_threads)
+        try:
+            with lock:
+                batch_matcher.batch_fill_next_token_bitmask(inner, bitmask, list(rows))
+        except (RuntimeError, ValueError, TypeError):
+            return fill_one_by_one(matchers, bitmask, rows)
+        return [None] * len(matchers)
+
+
+@functools.cache
+def _batch_matcher(num_threads: int) -> tuple[xgr.BatchGrammarMatcher, threading.Lock]:
+    """One batch matcher (it owns a thread pool) per thread count, with a lock: the decoders of
+    one process take turns on it."""
+    return xgr.BatchGrammarMatcher(num_threads), threading.Lock()
 
 
 def xgrammar_tokenizer_info(tokenizer: TokenizerInfo) -> xgr.TokenizerInfo:

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # GPU checks, meant to finish within 5 minutes on one GPU: the `gpu` tests (the Triton kernel
-# compiled for the device, a CUDA graph capturing a guided step with host functions) and the
-# apply-kernel benchmark against a device-to-device copy at vocab 128,256 and 151,936, batch
-# 1..256. Writes $OUT/gpu_check.json (or bench-out/gpu_check/ without $OUT).
+# compiled for the device, a CUDA graph capturing a guided step with host functions, the engine's
+# decode-step graphs against eager), the apply-kernel benchmark against a device-to-device copy
+# at vocab 128,256 and 151,936, batch 1..256, and the end-to-end engine with CUDA graphs on and
+# off (tiny-random, batch 8, 64 tokens, JSON schema: identical outputs, tokens/s of both).
+# Each step's timeout is cut to what is left of a 290 s budget counted from the first step.
+# Writes $OUT/gpu_check.json (or bench-out/gpu_check/ without $OUT).
 # Usage: bash scripts/gpu_check.sh   (from the repository root; needs a CUDA torch or installs one)
 set -uo pipefail
 OUT="${OUT:-bench-out/gpu_check}"
@@ -19,26 +22,39 @@ fi
 VPY=.venv-gpu/bin/python
 "$VPY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
 start=$(date +%s)
-timeout 150 "$VPY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests \
+left() {  # seconds for the next step: at most $1, and no more than the budget has left
+    local rest=$(( 290 - ($(date +%s) - start) ))
+    echo $(( rest < $1 ? (rest > 10 ? rest : 10) : $1 ))
+}
+timeout "$(left 150)" "$VPY" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests \
     > "$OUT/gpu_tests.txt" 2>&1
 tests_rc=$?
 tail -5 "$OUT/gpu_tests.txt"
-timeout 120 "$VPY" benchmarks/bench_gpu_apply.py --out "$OUT/apply" > "$OUT/apply.txt" 2>&1
+timeout "$(left 120)" "$VPY" benchmarks/bench_gpu_apply.py --out "$OUT/apply" > "$OUT/apply.txt" 2>&1
 bench_rc=$?
 cat "$OUT/apply.txt"
-"$VPY" - "$OUT" "$tests_rc" "$bench_rc" "$start" <<'PY'
+timeout "$(left 60)" "$VPY" benchmarks/bench_graphs.py --device cuda --batch 8 --tokens 64 \
+    --out "$OUT/graphs" > "$OUT/graphs.txt" 2>&1
+graphs_rc=$?
+tail -3 "$OUT/graphs.txt"
+"$VPY" - "$OUT" "$tests_rc" "$bench_rc" "$start" "$graphs_rc" <<'PY'
 import json, pathlib, sys, time
 out, tests_rc, bench_rc, start = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+graphs_rc = int(sys.argv[5])
 apply = out / "apply" / "bench_gpu_apply.json"
+graphs = out / "graphs" / "bench_graphs.json"
 summary = {
     "device": (out / "device.txt").read_text().strip(),
     "gpu_tests_rc": tests_rc,
     "gpu_tests_tail": (out / "gpu_tests.txt").read_text().splitlines()[-3:],
     "apply_bench_rc": bench_rc,
     "apply": json.loads(apply.read_text())["rows"] if apply.exists() else None,
+    "graphs_bench_rc": graphs_rc,
+    "graphs_tail": (out / "graphs.txt").read_text().splitlines()[-5:],
+    "graphs": json.loads(graphs.read_text()) if graphs.exists() else None,
     "seconds": time.time() - start,
 }
 (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
 print(f"wrote {out / 'gpu_check.json'}")
 PY
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+exit $(( tests_rc != 0 || bench_rc != 0 || graphs_rc != 0 ))

@@ -313,3 +313,49 @@ def test_decoder_parallel_waves_equal_sequential_fill(
         assert rolled[0] == rolled[1]
         for i in range(10):
             positions[i] += accepted[i]
+
+
+# --- the engine ------------------------------------------------------------------------------
+
+
+def test_engine_outputs_do_not_depend_on_the_fill_mode() -> None:
+    """Eight guided requests (so a wave has at least 4 rows of a backend) with n-gram drafts:
+    the parallel and sequential engines agree token for token, and ``auto`` reports what it
+    measured."""
+    from guidedec import LLM, SamplingParams
+
+    guides = [CASE_PARAMS[i % len(CASE_PARAMS)] for i in range(8)]
+    results = {}
+    for mode in ("parallel", "sequential", "auto"):
+        llm = LLM(
+            "tiny-random",
+            backend="llguidance",
+            max_num_seqs=8,
+            speculative="ngram",
+            num_draft_tokens=3,
+            json_whitespace="compact",
+            fill_mode=mode,  # type: ignore[arg-type]
+        )
+        params = [SamplingParams(max_tokens=24, guided_decoding=g) for g in guides]
+        outputs = llm.generate([f"Record {i}:" for i in range(8)], params)
+        results[mode] = [(o.token_ids, o.finish_reason, o.error) for o in outputs]
+        if mode == "auto":
+            decisions = llm.decoder.fill_decisions()
+            assert decisions and all(b == "llguidance" for b, _ in decisions)
+        llm.close()
+    assert results["parallel"] == results["sequential"] == results["auto"]
+    assert all(error is None for _, _, error in results["parallel"])
+
+
+def test_cli_fill_mode_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guidedec import cli_generate
+    from guidedec.cli import build_parser
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(cli_generate, "LLM", lambda *args, **kwargs: seen.update(kwargs))
+    for argv, expected in (
+        (["generate", "hi"], "auto"),
+        (["serve", "--fill-mode", "parallel"], "parallel"),
+    ):
+        cli_generate.build_llm(build_parser().parse_args(argv))
+        assert seen["fill_mode"] == expected

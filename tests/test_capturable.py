@@ -143,6 +143,32 @@ def test_warm_up_replays_find_the_queue_empty_and_change_nothing(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_warm_up_replays_of_a_whole_step_build_each_snapshot_once(
+    backend, tokenizer, compact
+) -> None:
+    """A warm-up replays fetch + build several times for one add_batch: the generation step's
+    token must be fed to the matcher once, not once per replay."""
+    factory = compact(backend)
+    decoder = make(CapturableGuidedDecoder, tokenizer, factory, backend)
+    assert isinstance(decoder, CapturableGuidedDecoder)
+    decoder.build_hostfunc.run_now(decoder)  # before any batch: nothing to build, no error
+    decoder.drain_after_replay()
+    assert decoder.pop_failures() == []
+    token = tokenizer.encode('{"ok"')[0]
+    decoder.add_batch([GuidedRequest.context(JSON, request_id=0, seq_slot=0)])
+    decoder.fetch_batch.run_now(decoder)
+    decoder.build_hostfunc.run_now(decoder)
+    decoder.add_batch([GuidedRequest.generation(JSON, request_id=0, seq_slot=0, new_token=token)])
+    for _ in range(3):
+        decoder.fetch_batch.run_now(decoder)
+        decoder.build_hostfunc.run_now(decoder)
+    assert decoder.pop_failures() == []
+    expected = next_token_mask(fed(factory, [token]), tokenizer.vocab_size)
+    assert torch.equal(decoder.bitmask_host[0], expected)
+    assert decoder.num_advanced_tokens[0] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_host_functions_take_queued_snapshots_in_order(backend, tokenizer, compact) -> None:
     """The caller queues step 1 and step 2 before the host functions of step 1 run."""
     factory = compact(backend)
@@ -289,7 +315,7 @@ def test_a_captured_step_masks_by_the_replayed_host_functions(tokenizer, compact
             new_tokens[0, 0] = token
             decoder.add_batch([step], new_tokens=new_tokens)
         graph.replay()
-        decoder.drain_host_functions()
+        decoder.drain_after_replay()
         torch.cuda.synchronize()
         expected = next_token_mask(
             feed_tokens(factory.create(JSON), tokens[: i + 1]), tokenizer.vocab_size

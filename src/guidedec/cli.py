@@ -164,6 +164,17 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         action="store_false",
         help="build the masks after the forward, not while it runs",
     )
+    run.add_argument(
+        "--fill-mode",
+        default="auto",
+        choices=["auto", "parallel", "sequential"],
+        help="fill a batch's mask rows in parallel, one by one, or whichever measures faster",
+    )
+    run.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="static KV caches; decode steps replayed from CUDA graphs (no graph on a CPU)",
+    )
 
 
 def _add_sampling(run: argparse.ArgumentParser) -> None:

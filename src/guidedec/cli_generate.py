@@ -117,6 +117,8 @@ def build_llm(args: argparse.Namespace) -> LLM:
             json_whitespace=args.whitespace,
             overlap=getattr(args, "overlap", True),
             approximate=getattr(args, "approximate", True),
+            cuda_graphs=getattr(args, "cuda_graphs", False),
+            fill_mode=getattr(args, "fill_mode", "auto"),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc
@@ -254,9 +256,13 @@ def _mask_times(llm: LLM) -> str:
     times = list(llm.step_times)
     build, wait, apply = (1000 * sum(getattr(t, f) for t in times) / steps for f in FIELDS)
     mode = "overlapped" if llm.overlap else "not overlapped"
-    return (
+    text = (
         f"mask per step: build {build:.2f} ms ({mode}), waited {wait:.2f} ms, apply {apply:.2f} ms"
     )
+    fills = llm.decoder.fill_decisions()
+    if fills:
+        text += "; fills: " + ", ".join(f"{b} {n}+ {way}" for (b, n), way in fills.items())
+    return text
 
 
 def _acceptance(accepted: int, drafted: int) -> str:

@@ -16,9 +16,10 @@ reads the latter). Tokens sampled on the device reach the host functions through
 
 Rules the reference design learned the hard way, kept here:
 
-- CUDA-graph warm-up runs a captured forward several times for one ``add_batch``: a
-  ``fetch_batch`` that finds the queue empty does nothing, and the host functions go on with the
-  snapshot they have.
+- CUDA-graph warm-up runs a captured step several times for one ``add_batch``: a
+  ``fetch_batch`` that finds the queue empty does nothing, and ``build_hostfunc`` then builds
+  nothing either (building the snapshot it has again would advance its matchers twice); each
+  queued snapshot is built exactly once.
 - A host function needs the GIL. A caller that enters native code which holds the GIL while it
   waits for the device (a kernel-module load, some extensions) deadlocks if a host function is
   still pending: :meth:`drain_host_functions` waits on ``bitmask_event`` (releasing the GIL) first.
@@ -70,6 +71,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
         )
         self.in_host_function = False
         self._failures: list[Failure] = []
+        self._unbuilt = False  # a batch was fetched and not built yet
 
     # --- caller side ----------------------------------------------------------------------------
 
@@ -147,6 +149,18 @@ class CapturableGuidedDecoder(GuidedDecoder):
         if not (self.sync.on_cuda and torch.cuda.is_current_stream_capturing()):
             raise_pending_error()
 
+    def drain_after_replay(self) -> None:
+        """:meth:`drain_host_functions` after a CUDA-graph replay of a captured step.
+
+        Inside a captured graph ``bitmask_event`` is only a dependency between the graph's
+        nodes: a replay records no event, and CUDA refuses to wait on an event last recorded
+        while capturing. So the event is recorded again on the current stream, after the
+        replay (host functions included), and the drain waits on that.
+        """
+        if self.sync.on_cuda:
+            self.sync.bitmask_event.record()
+        self.drain_host_functions()
+
     def pop_failures(self) -> list[Failure]:
         """The requests that failed in host functions that have run, once each."""
         failures, self._failures = self._failures, []
@@ -168,7 +182,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
         if not self.queue:
             return
         batch, has_new_tokens = self.queue.popleft()
-        self.requests_hostfunc = batch
+        self.requests_hostfunc, self._unbuilt = batch, True
         if not has_new_tokens:
             return
         for req in batch.valid_requests():
@@ -180,7 +194,11 @@ class CapturableGuidedDecoder(GuidedDecoder):
 
     @hostfunc
     def build_hostfunc(self) -> None:
-        """:meth:`build` on the host functions' batch."""
+        """:meth:`build` on the host functions' batch, once per fetched batch (nothing after a
+        ``fetch_batch`` that found the queue empty)."""
+        if not self._unbuilt:
+            return
+        self._unbuilt = False
         self._failures += BaseGuidedDecoder.build(self)
 
     @hostfunc

@@ -7,6 +7,15 @@ Overlap: the mask of step n depends only on tokens sampled up to step n - 1, so 
 ``overlap`` the decoder's host build of step n runs while the forward of step n runs (on a
 worker thread on the CPU; on a CUDA device, on the host right after the forward is enqueued),
 and only the copy and apply wait for the logits. Results are the same token for token.
+
+CUDA graphs: with ``cuda_graphs`` the runner keeps static KV caches
+(:class:`~guidedec.engine.static_runner.StaticModelRunner`) and a pure decode step (every
+sequence feeds one token, no prefill, no drafts) is a graph replay
+(:class:`~guidedec.engine.graphs.DecodeGraphs`) with the guided decoder's step inside: its build
+runs as host functions in the graph, so ``overlap`` does not apply to it, and its time counts
+as forward time (``step_times`` holds the eager steps only). Every other step runs eagerly as
+without graphs. With a speculator every step runs eagerly (verify steps feed drafts), with a
+plain ``GuidedDecoder``. On the CPU a "replay" calls the captured function again.
 """
 
 from __future__ import annotations
@@ -15,17 +24,18 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.decoder.capturable import CapturableGuidedDecoder
 from guidedec.engine.grammar_pool import GrammarPool
+from guidedec.engine.graphs import DecodeGraphs, is_decode_step
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.prompts import TokenizedPrompt
 from guidedec.engine.request import Request, RequestOutput
-from guidedec.engine.runner import ForwardInput, ModelRunner
+from guidedec.engine.runner import ForwardInput, ModelRunner, SlotRunner
 from guidedec.engine.sampling import (
     SamplingParams,
     make_draft_generator,
@@ -37,43 +47,12 @@ from guidedec.engine.sampling import (
 )
 from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
+from guidedec.engine.static_runner import StaticModelRunner
+from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 
 Speculator = NgramSpeculator | DraftModelSpeculator
-STEP_TIMES_KEPT = 4096  # the most recent steps' times kept on the engine
-
-
-@dataclass(slots=True)
-class StepTimes:
-    """Guided decoding in one engine step, in seconds.
-
-    ``build_s``: the decoder's host build (advance matchers, fill rows); ``wait_s``: how long
-    the logits waited for the mask once the forward had ended (the whole build without overlap,
-    about zero with it); ``apply_s``: copy and apply.
-    """
-
-    build_s: float
-    wait_s: float
-    apply_s: float
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Running totals, in seconds and tokens. ``guide_s`` is the time guided decoding added
-    after the forward (``mask_wait_s + apply_s``); ``build_s`` includes any overlapped part."""
-
-    steps: int = 0
-    forward_s: float = 0.0
-    guide_s: float = 0.0
-    build_s: float = 0.0
-    mask_wait_s: float = 0.0
-    apply_s: float = 0.0
-    sample_s: float = 0.0
-    draft_s: float = 0.0
-    generated_tokens: int = 0
-    draft_tokens: int = 0
-    accepted_draft_tokens: int = 0
 
 
 class EngineCore:
@@ -93,14 +72,22 @@ class EngineCore:
         speculator: Speculator | None,
         compile_timeout_s: float,
         overlap: bool = True,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model, self.config = model, config
         self.tokenizer = model.tokenizer
         self.max_model_len = model.max_model_len
         self.num_draft_tokens, self.max_num_tokens = num_draft_tokens, max_num_tokens
         self.factory = create_grammar_matcher_factory(config)
-        self.runner = ModelRunner(model, max_num_seqs=max_num_seqs)
-        self.decoder = GuidedDecoder(
+        self.cuda_graphs = cuda_graphs
+        self.runner: SlotRunner
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            self.runner = StaticModelRunner(model, max_num_seqs=max_num_seqs)
+        else:
+            self.runner = ModelRunner(model, max_num_seqs=max_num_seqs)
+        capturable = cuda_graphs and speculator is None
+        self.decoder = (CapturableGuidedDecoder if capturable else GuidedDecoder)(
             config=config,
             max_num_sequences=max_num_seqs,
             max_num_draft_tokens=num_draft_tokens,
@@ -108,6 +95,10 @@ class EngineCore:
             device=model.device,
             factory=self.factory,
         )
+        if isinstance(self.runner, StaticModelRunner) and isinstance(
+            self.decoder, CapturableGuidedDecoder
+        ):
+            self.graphs = DecodeGraphs(self.runner, self.decoder)
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
         self.grammars = GrammarPool(self.factory, timeout_s=compile_timeout_s)
         self.speculator = speculator
@@ -162,36 +153,64 @@ class EngineCore:
         self._import_handoffs(batch)
         t0 = time.perf_counter()
         inputs = [ForwardInput(_slot(s), s.token_ids, s.num_logits) for s in batch]
-        decoder = self._guide(batch)
-        pending = None
-        if decoder is not None and self.overlap and self.model.device.type == "cpu":
-            pending = self._builder.submit(_timed_build, decoder)
-        logits = self.runner.forward(inputs)
-        t1 = time.perf_counter()
-        failures: dict[int, str] = {}
-        if decoder is not None:
-            # On a CUDA device the forward above only enqueued its kernels: this build runs
-            # while they do (the wait measured here is host time, an upper bound).
-            build, build_s = pending.result() if pending else _timed_build(decoder)
-            ready = time.perf_counter()
-            decoder.copy_and_apply(logits)
-            t2 = time.perf_counter()
-            failures = dict(build)
-            self._record_step(StepTimes(build_s, ready - t1, t2 - ready))
+        if self.graphs is not None and is_decode_step(inputs):
+            logits, failures, decoder = self._graph_step(batch, inputs, self.graphs)
+            t1 = t2 = time.perf_counter()  # the guide ran inside the replay
         else:
-            t2 = t1
+            decoder = self._guide(batch)
+            logits, failures, t1, t2 = self._eager_step(inputs, decoder)
         self._advance(batch, logits, failures)
         t3 = time.perf_counter()
         failures.update(self._speculate(batch, decoder))
         self._update_stats(t0, t1, t2, t3)
         return self._collect_finished(batch, failures)
 
-    def _guide(self, batch: list[Scheduled]) -> GuidedDecoder | None:
-        """Snapshot the batch for the decoder; None when no request in it is guided."""
+    def _graph_step(
+        self, batch: list[Scheduled], inputs: list[ForwardInput], graphs: DecodeGraphs
+    ) -> tuple[torch.Tensor, dict[int, str], GuidedDecoder | None]:
+        """A decode step as a graph replay: the logits, the failed requests, the decoder (None
+        for an unguided batch)."""
+        self.runner.check_inputs(inputs)  # before queuing: a refused step must queue nothing
+        decoder = self._guide(batch, queued=True)
+        logits, failures = graphs.run(inputs, guided=decoder is not None)
+        return logits, dict(failures), decoder
+
+    def _eager_step(
+        self, inputs: list[ForwardInput], decoder: GuidedDecoder | None
+    ) -> tuple[torch.Tensor, dict[int, str], float, float]:
+        """Forward, then build (or finish the overlapped build), copy and apply: the logits,
+        the failed requests, and the times the forward and the guide ended."""
+        pending = None
+        if decoder is not None and self.overlap and self.model.device.type == "cpu":
+            pending = self._builder.submit(_timed_build, decoder)
+        logits = self.runner.forward(inputs)
+        t1 = time.perf_counter()
+        if decoder is None:
+            return logits, {}, t1, t1
+        # On a CUDA device the forward above only enqueued its kernels: this build runs
+        # while they do (the wait measured here is host time, an upper bound).
+        build, build_s = pending.result() if pending else _timed_build(decoder)
+        ready = time.perf_counter()
+        decoder.copy_and_apply(logits)
+        t2 = time.perf_counter()
+        self._record_step(StepTimes(build_s, ready - t1, t2 - ready))
+        return logits, dict(build), t1, t2
+
+    def _guide(self, batch: list[Scheduled], *, queued: bool = False) -> GuidedDecoder | None:
+        """Snapshot the batch for the decoder; None when no request in it is guided.
+
+        ``queued``: for a graph replay, whose host functions take the snapshot from the
+        capturable decoder's queue. Otherwise the snapshot is not queued, even on a capturable
+        decoder: an eager step builds from it directly, and a snapshot left in the queue would
+        be taken by the next replay in place of its own.
+        """
         if all(s.request.params.guided_decoding is None for s in batch):
             return None
         snapshots = [_snapshot(s) for s in batch]
-        self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
+        if queued:
+            self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
+        else:
+            GuidedDecoder.add_batch(self.decoder, snapshots, num_draft_tokens=self.num_draft_tokens)
         return self.decoder
 
     def _advance(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from guidedec.engine.core import EngineCore, EngineStats, Speculator
+from guidedec.engine.core import EngineCore, Speculator
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel, load_model
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize, tokenize_prompts
@@ -22,7 +22,8 @@ from guidedec.engine.speculative import (
     NgramSpeculator,
     parse_speculative,
 )
-from guidedec.grammar.config import BackendName, GuidedDecodingConfig, WhitespaceMode
+from guidedec.engine.stats import EngineStats
+from guidedec.grammar.config import BackendName, FillMode, GuidedDecodingConfig, WhitespaceMode
 
 __all__ = ["LLM", "EngineStats"]
 
@@ -47,6 +48,13 @@ class LLM(EngineCore):
             :mod:`guidedec.engine.core`); the outputs are the same either way.
         approximate: With ``backend="auto"``, guide a JSON schema that no backend enforces
             exactly with xgrammar's approximation (``True``) or fail its request (``False``).
+        cuda_graphs: Static KV caches, and each pure decode step replayed from a captured CUDA
+            graph with guided decoding inside (see :mod:`guidedec.engine.core`); on the CPU the
+            same static-buffer path without a graph. The outputs are the same as without
+            (up to floating-point rounding in attention: use float64 to compare them exactly).
+        fill_mode: How each step fills its mask rows: ``"auto"`` (whichever of the backends'
+            parallel batch calls and one row at a time measures faster), ``"parallel"`` or
+            ``"sequential"`` (see :mod:`guidedec.grammar.batch_fill`).
     """
 
     def __init__(
@@ -65,6 +73,8 @@ class LLM(EngineCore):
         json_whitespace: WhitespaceMode = "flexible",
         overlap: bool = True,
         approximate: bool = True,
+        cuda_graphs: bool = False,
+        fill_mode: FillMode = "auto",
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -78,6 +88,7 @@ class LLM(EngineCore):
             max_rollback_tokens=k + 1,
             json_whitespace=json_whitespace,
             approximate=approximate,
+            fill_mode=fill_mode,
         )
         super().__init__(
             loaded,
@@ -88,6 +99,7 @@ class LLM(EngineCore):
             speculator=_make_speculator(spec, loaded, max_num_seqs, k, seed),
             compile_timeout_s=compile_timeout_s,
             overlap=overlap,
+            cuda_graphs=cuda_graphs,
         )
         self._params: dict[int, SamplingParams] = {}  # of prefill-only requests
 

@@ -4,6 +4,11 @@ Each :class:`ForwardInput` runs as its own forward pass (batch size 1), so a seq
 not depend on what else is in the call: a request that joins mid-flight gets exactly the logits
 it would get alone. Positions are explicit: the tokens of an input take positions
 ``num_cached(slot) .. num_cached(slot) + len(token_ids) - 1``.
+
+:class:`SlotRunner` holds what every runner shares (slot lengths, input and state checks, the
+order of checks and effects); :class:`ModelRunner` keeps a growing ``DynamicCache`` per slot, and
+:class:`guidedec.engine.static_runner.StaticModelRunner` a preallocated one that CUDA graphs can
+capture.
 """
 
 from __future__ import annotations
@@ -50,23 +55,31 @@ class KVState:
     length: int
 
 
-class ModelRunner:
-    """Runs a causal LM over ``max_num_seqs`` sequence slots, each with its own KV cache.
+class SlotRunner:
+    """Sequence slots, their cached lengths and the checks every runner makes.
 
-    A slot starts empty; :meth:`forward` appends to it, :meth:`crop` shortens it, :meth:`free`
-    empties it. Slots are independent: nothing in one slot affects another's logits.
+    Subclasses store the KV caches: they implement :meth:`_run_one`, :meth:`_crop`,
+    :meth:`_free`, :meth:`_export` and :meth:`_import`, each called only after its arguments
+    were checked here, so that every runner accepts and refuses exactly the same calls.
+
+    Args:
+        model: The model to run.
+        max_num_seqs: Number of slots (at least 1).
+        max_len: The most tokens one slot may hold.
+        max_len_name: What ``max_len`` is called in error messages (``max_model_len``).
     """
 
-    def __init__(self, model: LoadedModel, *, max_num_seqs: int) -> None:
+    def __init__(
+        self, model: LoadedModel, *, max_num_seqs: int, max_len: int, max_len_name: str
+    ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
         self.model = model
         self.max_num_seqs = max_num_seqs
         self.vocab_size = model.tokenizer.vocab_size
-        self._caches: list[Any] = [None] * max_num_seqs  # a transformers DynamicCache, or None
+        self.max_len, self._max_len_name = max_len, max_len_name
         self._lengths = [0] * max_num_seqs
-        self._cache_kwarg = _cache_kwarg_name(model.model)
-        self._num_layers = len(self._new_cache().layers)
+        self._num_layers = 0  # set by the subclass once it knows its cache layout
 
     def forward(self, inputs: Sequence[ForwardInput]) -> torch.Tensor:
         """Feed each input's tokens to its slot and return the requested logits.
@@ -83,14 +96,18 @@ class ModelRunner:
                 vocabulary, ``num_logits`` outside ``[1, len(token_ids)]``, or a sequence that
                 would exceed ``max_model_len``. Nothing is run when any input is invalid.
         """
+        self.check_inputs(inputs)
+        if not inputs:
+            return torch.empty(0, self.vocab_size, dtype=self.model.dtype, device=self.model.device)
+        return torch.cat([self._run_one(item) for item in inputs])
+
+    def check_inputs(self, inputs: Sequence[ForwardInput]) -> None:
+        """Raise the ValueError :meth:`forward` would raise for ``inputs``; change nothing."""
         for item in inputs:
             self._check_input(item)
         slots = [item.slot for item in inputs]
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears more than once in one forward call: {slots}")
-        if not inputs:
-            return torch.empty(0, self.vocab_size, dtype=self.model.dtype, device=self.model.device)
-        return torch.cat([self._run_one(item) for item in inputs])
 
     def num_cached(self, slot: int) -> int:
         """Number of tokens in the slot's KV cache."""
@@ -107,14 +124,13 @@ class ModelRunner:
         if not 0 <= length <= cached:
             raise ValueError(f"cannot crop slot {slot} to {length} tokens: it holds {cached}")
         if length < cached:
-            with torch.inference_mode():
-                self._caches[slot].crop(length - cached)  # negative: tokens to remove
+            self._crop(slot, length)
             self._lengths[slot] = length
 
     def free(self, slot: int) -> None:
         """Drop the slot's KV cache; the slot is then empty."""
         self._check_slot(slot)
-        self._caches[slot] = None
+        self._free(slot)
         self._lengths[slot] = 0
 
     def export_cache(self, slot: int) -> KVState:
@@ -122,9 +138,7 @@ class ModelRunner:
         length = self.num_cached(slot)
         if length == 0:
             return KVState(keys=(), values=(), length=0)
-        layers = self._caches[slot].layers
-        keys = tuple(layer.keys.clone() for layer in layers)
-        values = tuple(layer.values.clone() for layer in layers)
+        keys, values = self._export(slot, length)
         return KVState(keys=keys, values=values, length=length)
 
     def import_cache(self, slot: int, state: KVState) -> None:
@@ -138,8 +152,93 @@ class ModelRunner:
             return
         device = self.model.device
         data = [(k.to(device), v.to(device)) for k, v in zip(state.keys, state.values, strict=True)]
-        self._caches[slot] = self._new_cache(data)  # copies: the cache grows by concatenation
+        self._import(slot, data)
         self._lengths[slot] = state.length
+
+    # --- what a subclass stores ----------------------------------------------------------------
+
+    def _run_one(self, item: ForwardInput) -> torch.Tensor:
+        """Feed one checked input; update ``_lengths``; return its ``[num_logits, V]`` logits."""
+        raise NotImplementedError
+
+    def _crop(self, slot: int, length: int) -> None:
+        raise NotImplementedError
+
+    def _free(self, slot: int) -> None:
+        raise NotImplementedError
+
+    def _export(
+        self, slot: int, length: int
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        raise NotImplementedError
+
+    def _import(self, slot: int, data: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Fill an empty slot with checked per-layer ``(keys, values)`` on the model's device."""
+        raise NotImplementedError
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_num_seqs:
+            raise ValueError(f"slot {slot} is out of range [0, {self.max_num_seqs})")
+
+    def _check_input(self, item: ForwardInput) -> None:
+        self._check_slot(item.slot)
+        n = len(item.token_ids)
+        if n == 0:
+            raise ValueError(f"slot {item.slot}: token_ids is empty")
+        if not 1 <= item.num_logits <= n:
+            raise ValueError(
+                f"slot {item.slot}: num_logits={item.num_logits} is outside [1, {n}] "
+                f"(the number of tokens fed)"
+            )
+        total = self._lengths[item.slot] + n
+        if total > self.max_len:
+            raise ValueError(
+                f"slot {item.slot}: {self._lengths[item.slot]} cached + {n} new tokens = {total} "
+                f"exceeds {self._max_len_name}={self.max_len}"
+            )
+        bad = [t for t in item.token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"slot {item.slot}: token ids {bad[:5]} outside [0, {self.vocab_size})"
+            )
+
+    def _check_state(self, state: KVState) -> None:
+        layers = (len(state.keys), len(state.values))
+        if state.length > 0 and layers != (self._num_layers, self._num_layers):
+            raise ValueError(
+                f"KV state has {layers} key/value layers; the model has {self._num_layers}"
+            )
+        if state.length > self.max_len:
+            raise ValueError(
+                f"KV state of {state.length} tokens exceeds {self._max_len_name}={self.max_len}"
+            )
+        for tensor in (*state.keys, *state.values):
+            if tensor.dtype != self.model.dtype or tensor.shape[-2] != state.length:
+                raise ValueError(
+                    f"KV state tensor {tuple(tensor.shape)} {tensor.dtype} does not match "
+                    f"length {state.length} and model dtype {self.model.dtype}"
+                )
+
+
+class ModelRunner(SlotRunner):
+    """Runs a causal LM over ``max_num_seqs`` sequence slots, each with its own KV cache.
+
+    A slot starts empty; :meth:`forward` appends to it, :meth:`crop` shortens it, :meth:`free`
+    empties it. Slots are independent: nothing in one slot affects another's logits.
+    """
+
+    def __init__(self, model: LoadedModel, *, max_num_seqs: int) -> None:
+        super().__init__(
+            model,
+            max_num_seqs=max_num_seqs,
+            max_len=model.max_model_len,
+            max_len_name="max_model_len",
+        )
+        self._caches: list[Any] = [None] * max_num_seqs  # a transformers DynamicCache, or None
+        self._cache_kwarg = cache_kwarg_name(model.model)
+        self._num_layers = len(self._new_cache().layers)
 
     def _run_one(self, item: ForwardInput) -> torch.Tensor:
         start = self._lengths[item.slot]
@@ -159,6 +258,24 @@ class ModelRunner:
         logits: torch.Tensor = out.logits[0, -item.num_logits :]
         return logits
 
+    def _crop(self, slot: int, length: int) -> None:
+        with torch.inference_mode():
+            self._caches[slot].crop(length - self._lengths[slot])  # negative: tokens to remove
+
+    def _free(self, slot: int) -> None:
+        self._caches[slot] = None
+
+    def _export(
+        self, slot: int, length: int
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        layers = self._caches[slot].layers
+        keys = tuple(layer.keys.clone() for layer in layers)
+        values = tuple(layer.values.clone() for layer in layers)
+        return keys, values
+
+    def _import(self, slot: int, data: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._caches[slot] = self._new_cache(data)  # copies: the cache grows by concatenation
+
     def _cache_of(self, slot: int) -> Any:
         """The slot's DynamicCache, created empty on first use."""
         if self._caches[slot] is None:
@@ -169,52 +286,8 @@ class ModelRunner:
         with torch.inference_mode():
             return transformers.DynamicCache(data, config=self.model.model.config)
 
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.max_num_seqs:
-            raise ValueError(f"slot {slot} is out of range [0, {self.max_num_seqs})")
 
-    def _check_input(self, item: ForwardInput) -> None:
-        self._check_slot(item.slot)
-        n = len(item.token_ids)
-        if n == 0:
-            raise ValueError(f"slot {item.slot}: token_ids is empty")
-        if not 1 <= item.num_logits <= n:
-            raise ValueError(
-                f"slot {item.slot}: num_logits={item.num_logits} is outside [1, {n}] "
-                f"(the number of tokens fed)"
-            )
-        total = self._lengths[item.slot] + n
-        if total > self.model.max_model_len:
-            raise ValueError(
-                f"slot {item.slot}: {self._lengths[item.slot]} cached + {n} new tokens = {total} "
-                f"exceeds max_model_len={self.model.max_model_len}"
-            )
-        bad = [t for t in item.token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"slot {item.slot}: token ids {bad[:5]} outside [0, {self.vocab_size})"
-            )
-
-    def _check_state(self, state: KVState) -> None:
-        layers = (len(state.keys), len(state.values))
-        if state.length > 0 and layers != (self._num_layers, self._num_layers):
-            raise ValueError(
-                f"KV state has {layers} key/value layers; the model has {self._num_layers}"
-            )
-        if state.length > self.model.max_model_len:
-            raise ValueError(
-                f"KV state of {state.length} tokens exceeds "
-                f"max_model_len={self.model.max_model_len}"
-            )
-        for tensor in (*state.keys, *state.values):
-            if tensor.dtype != self.model.dtype or tensor.shape[-2] != state.length:
-                raise ValueError(
-                    f"KV state tensor {tuple(tensor.shape)} {tensor.dtype} does not match "
-                    f"length {state.length} and model dtype {self.model.dtype}"
-                )
-
-
-def _cache_kwarg_name(model: Any) -> str:
+def cache_kwarg_name(model: Any) -> str:
     """``cache`` (transformers >= 5.24) or ``past_key_values`` (earlier): the forward argument
     that takes the KV cache."""
     parameters = inspect.signature(model.forward).parameters

@@ -190,8 +190,50 @@ def test_auto_mode_measures_then_keeps_the_faster_way(
         assert _Recording.calls == ["one"] * (10 * size)
 
 
+class _ColdFirst(_Recording):
+    """Rows cost 1.0 one by one and 0.9 in parallel, but the first way of each call pays 5x
+    (what a backend builds lazily on first use of a state, which the second way finds ready).
+    The clock tells which way is first: ``auto`` reads it before and after each way."""
+
+    warm = False
+    ticks = 0
+
+    @classmethod
+    def clock(cls) -> float:
+        cls.ticks += 1
+        cls.warm = cls.ticks % 4 in (2, 3)  # after the first way of a call, until its end
+        return cls.now
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        _ColdFirst.now += 1.0 if _ColdFirst.warm else 5.0
+
+    @classmethod
+    def fill_next_token_bitmasks(
+        cls,
+        matchers: Sequence[GrammarMatcher],
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+        *,
+        num_threads: int,
+    ) -> list[Exception | None]:
+        cls.now += 0.9 * len(matchers) * (1 if cls.warm else 5)
+        return [None] * len(matchers)
+
+
+def test_auto_mode_cancels_the_cost_of_going_first() -> None:
+    """The paired ratios are 4.5 and 0.18 in turn: their median (2.3) would pick one by one,
+    their geometric mean sees that parallel is 0.9x."""
+    filler = BatchFiller("auto", 2, clock=_ColdFirst.clock)
+    matchers = [_ColdFirst() for _ in range(8)]
+    for _ in range(PROBES):
+        filler.fill(matchers, torch.zeros(8, 1, dtype=torch.int32), range(8))
+    assert _ColdFirst.ticks == 4 * PROBES
+    assert filler.decisions() == {("_ColdFirst", 8): "parallel"}
+
+
 def test_auto_mode_measures_again_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batch_fill, "REPROBE_EVERY", 3)
+    monkeypatch.setattr(batch_fill, "FIRST_REPROBE", 3)
+    monkeypatch.setattr(batch_fill, "REPROBE_EVERY", 5)
     filler = BatchFiller("auto", 2, clock=lambda: _Recording.now)
     matchers = [_Recording() for _ in range(4)]
     bitmask = torch.zeros(4, 1, dtype=torch.int32)
@@ -200,6 +242,13 @@ def test_auto_mode_measures_again_after_a_while(monkeypatch: pytest.MonkeyPatch)
     assert filler.decisions() == {("_Recording", 4): "parallel"}
     for _ in range(3):
         filler.fill(matchers, bitmask, range(4))
+    assert filler.decisions() == {("_Recording", 4): "measuring"}  # the third call measured
+    for _ in range(PROBES - 1):
+        filler.fill(matchers, bitmask, range(4))
+    for _ in range(4):  # later measurements are further apart
+        filler.fill(matchers, bitmask, range(4))
+    assert filler.decisions() == {("_Recording", 4): "parallel"}
+    filler.fill(matchers, bitmask, range(4))
     assert filler.decisions() == {("_Recording", 4): "measuring"}
 
 

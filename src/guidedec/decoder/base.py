@@ -215,7 +215,8 @@ class BaseGuidedDecoder:
         """Advance each request's matcher, then fill rows in waves: the new-token rows of every
         request in one batch fill, then each request advances by its next draft token and the
         next wave fills the rows after them. Per request this is the same sequence of matcher
-        calls as filling its rows one after another."""
+        calls as filling its rows one after another, which is what a wave too small for a
+        parallel fill does."""
         self._token_mask_np[: batch.num_bitmask_tokens] = 0
         failures: list[Failure] = []
         wave: list[_RowFill] = []
@@ -294,36 +295,46 @@ class BaseGuidedDecoder:
         return True
 
     def _fill_wave(self, wave: list[_RowFill], failures: list[Failure]) -> list[_RowFill]:
-        """Fill the current row of every request of the wave; returns the next wave."""
+        """Fill the current row of every request of the wave; returns the next wave.
+
+        A wave too small for a parallel fill is finished request by request, each through all
+        its rows (the waves after it would be no larger); this is the common case, kept lean.
+        """
         next_wave: list[_RowFill] = []
-        bitmask = self.bitmask_host
-        if self._filler.one_by_one(len(wave)):  # the common case, kept lean: one native call
+        if self._filler.one_by_one(len(wave)):
             for item in wave:
                 try:
-                    item.matcher.fill_next_token_bitmask(bitmask, item.row)
-                    self._after_fill(item, next_wave)
+                    self._fill_rows(item)
                 except REQUEST_ERRORS as exc:
                     self._fail(item.req, exc, failures)
             return next_wave
         errors = self._filler.fill(
-            [item.matcher for item in wave], bitmask, [item.row for item in wave]
+            [item.matcher for item in wave], self.bitmask_host, [item.row for item in wave]
         )
         for item, error in zip(wave, errors, strict=True):
             try:
                 if error is not None:
                     raise error
-                self._after_fill(item, next_wave)
+                if self._after_fill(item):
+                    next_wave.append(item)
             except REQUEST_ERRORS as exc:
                 self._fail(item.req, exc, failures)
         return next_wave
+
+    def _fill_rows(self, item: _RowFill) -> None:
+        """Fill one request's rows one after another: the new token's, then each draft's."""
+        fill, bitmask = item.matcher.fill_next_token_bitmask, self.bitmask_host
+        fill(bitmask, item.row)
+        while self._after_fill(item):
+            fill(bitmask, item.row)
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))
         self._forget(req)
 
-    def _after_fill(self, item: _RowFill, next_wave: list[_RowFill]) -> None:
-        """Check the row just filled and advance by the next draft token; the request joins
-        ``next_wave`` when the row after that token is to be filled.
+    def _after_fill(self, item: _RowFill) -> bool:
+        """Check the row just filled and advance by the next draft token; True (with ``item``
+        moved to the next row) when the row after that token is to be filled.
 
         A dead-end new-token row fails the request (a draft request only stops guiding). The
         draft rows stop at a rejected draft token (verification cannot accept it: the row before
@@ -338,7 +349,7 @@ class BaseGuidedDecoder:
                     raise RequestError("reached a grammar state that allows no token (dead end)")
                 self.is_draft_terminated[slot] = True
             self.stats.rows_filled += self.num_guided_tokens[slot]
-            return
+            return False
         self._token_mask_np[row] = 1
         self.num_guided_tokens[slot] += 1
         position = item.position
@@ -347,11 +358,11 @@ class BaseGuidedDecoder:
                 self.num_advanced_tokens[slot] += 1
                 if not item.matcher.is_terminated():
                     item.position, item.row = position + 1, row + 1
-                    next_wave.append(item)
-                    return
+                    return True
             else:
                 self._num_verifiable_tokens[slot] = position + 1
         self.stats.rows_filled += self.num_guided_tokens[slot]
+        return False
 
     def fill_decisions(self) -> dict[tuple[str, int], str]:
         """How ``build`` fills each backend's rows by batch size, as far as ``fill_mode="auto"``

@@ -11,6 +11,7 @@ either way; only the time differs.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -28,10 +29,15 @@ FILL_MODES: tuple[str, ...] = get_args(FillMode)
 MIN_PARALLEL_ROWS = 4
 """Fewer rows of one backend are always filled one by one: a parallel call then costs more than
 it saves (measured by ``benchmarks/bench_fill.py``)."""
-PROBES = 6
-"""Calls of a bucket that ``"auto"`` fills both ways, timed, before it picks one."""
-REPROBE_EVERY = 2000
-"""Calls of a bucket after which ``"auto"`` measures both ways again (the load may change)."""
+PROBES = 12
+"""Calls of a bucket that ``"auto"`` fills both ways, timed, before it picks one (even: half
+start with each way)."""
+FIRST_REPROBE = 100
+"""Calls of a bucket after its first choice when ``"auto"`` measures again: the first choice
+is made on a grammar's first states, which can cost more than later ones (lazily built lexer
+states parallelise well; warm ones are cheap enough for the thread hand-off to dominate)."""
+REPROBE_EVERY = 1000
+"""Calls of a bucket between later measurements (the load may change)."""
 
 Errors = list[Exception | None]
 
@@ -52,26 +58,30 @@ class _Bucket:
     While measuring, a call fills its rows both ways, in alternating order (the second way
     rewrites the same rows with the same bits), and records parallel time / sequential time:
     paired on the same grammar states, because the cost of a row varies far more between states
-    (and between a backend's cold and warm caches) than between the two ways.
+    than between the two ways. The way that runs first also pays for what the backend builds
+    lazily on first use of a state (llguidance's lexer states, for one), which the second way
+    then finds ready: a factor that multiplies the ratio in one order and divides it in the
+    other. The geometric mean over an even number of calls, half in each order, cancels it.
     """
 
     ratios: list[float] = field(default_factory=list)
     choice: bool | None = None  # True: parallel; None: still measuring
     calls: int = 0
+    horizon: int = field(default_factory=lambda: FIRST_REPROBE)  # calls to the next measuring
 
     def measuring(self) -> bool:
         if self.choice is not None:
             self.calls += 1
-            if self.calls < REPROBE_EVERY:
+            if self.calls < self.horizon:
                 return False
             self.ratios.clear()
-            self.choice, self.calls = None, 0
+            self.choice, self.calls, self.horizon = None, 0, REPROBE_EVERY
         return True
 
     def record(self, parallel_s: float, sequential_s: float) -> None:
-        self.ratios.append(parallel_s / max(sequential_s, 1e-9))
+        self.ratios.append(max(parallel_s, 1e-9) / max(sequential_s, 1e-9))
         if len(self.ratios) >= PROBES:
-            self.choice = statistics.median(self.ratios) < 1.0
+            self.choice = statistics.fmean(math.log(r) for r in self.ratios) < 0.0
 
 
 class BatchFiller:

@@ -131,30 +131,6 @@ def test_export_import_round_trip_continues_like_the_source(
     _close(_feed(target, 2, PROMPT[7:], 3), expected)
 
 
-@pytest.mark.parametrize(
-    ("inputs", "message"),
-    [
-        ([ForwardInput(2, [1])], r"slot 2 is out of range \[0, 2\)"),
-        ([ForwardInput(-1, [1])], r"slot -1 is out of range"),
-        ([ForwardInput(0, [])], r"slot 0: token_ids is empty"),
-        ([ForwardInput(0, [1, 2], num_logits=3)], r"num_logits=3 is outside \[1, 2\]"),
-        ([ForwardInput(0, [1], num_logits=0)], r"num_logits=0 is outside \[1, 1\]"),
-        ([ForwardInput(0, [129_280])], r"token ids \[129280\] outside \[0, 129280\)"),
-        ([ForwardInput(1, [1]), ForwardInput(1, [2])], r"slot appears more than once"),
-        ([ForwardInput(1, [1] * 4097)], r"slot 1: 0 cached \+ 4097 new .* max_model_len=4096"),
-    ],
-)
-@pytest.mark.parametrize("runner_cls", [ModelRunner, StaticModelRunner])
-def test_invalid_forward_raises_the_same_errors_and_runs_nothing(
-    model64: LoadedModel, runner_cls: type[SlotRunner], inputs: list[ForwardInput], message: str
-) -> None:
-    runner: Any = runner_cls(model64, max_num_seqs=2)  # type: ignore[call-arg]
-    valid = ForwardInput(1 if inputs[0].slot == 0 else 0, [1])  # must not run either
-    with pytest.raises(ValueError, match=message):
-        runner.forward([valid, *inputs])
-    assert runner.num_cached(0) == runner.num_cached(1) == 0
-
-
 def test_static_runner_refuses_bad_crop_import_and_sizes(model64: LoadedModel) -> None:
     runner = StaticModelRunner(model64, max_num_seqs=1)
     _feed(runner, 0, PROMPT[:3])

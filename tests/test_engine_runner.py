@@ -16,7 +16,8 @@ from guidedec.engine.model import (
     load_model,
     resolve_dtype,
 )
-from guidedec.engine.runner import ForwardInput, KVState, ModelRunner
+from guidedec.engine.runner import ForwardInput, KVState, ModelRunner, SlotRunner
+from guidedec.engine.static_runner import StaticModelRunner
 
 PROMPT = [1000 + 37 * i for i in range(10)]
 
@@ -227,10 +228,12 @@ def test_free_empties_the_slot(model64: LoadedModel) -> None:
         ([ForwardInput(1, [1] * 4097)], r"slot 1: 0 cached \+ 4097 new .* max_model_len=4096"),
     ],
 )
+@pytest.mark.parametrize("runner_cls", [ModelRunner, StaticModelRunner])
 def test_invalid_forward_raises_and_runs_nothing(
-    model64: LoadedModel, inputs: list[ForwardInput], message: str
+    model64: LoadedModel, runner_cls: type[SlotRunner], inputs: list[ForwardInput], message: str
 ) -> None:
-    runner = ModelRunner(model64, max_num_seqs=2)
+    """Both runners (dynamic and static caches) check their inputs alike."""
+    runner = runner_cls(model64, max_num_seqs=2)
     valid = ForwardInput(1 if inputs[0].slot == 0 else 0, [1])  # must not run either
     with pytest.raises(ValueError, match=message):
         runner.forward([valid, *inputs])

@@ -14,6 +14,7 @@ capture.
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,7 @@ class KVState:
     length: int
 
 
-class SlotRunner:
+class SlotRunner(ABC):
     """Sequence slots, their cached lengths and the checks every runner makes.
 
     Subclasses store the KV caches: they implement :meth:`_run_one`, :meth:`_crop`,
@@ -157,24 +158,27 @@ class SlotRunner:
 
     # --- what a subclass stores ----------------------------------------------------------------
 
+    @abstractmethod
     def _run_one(self, item: ForwardInput) -> torch.Tensor:
         """Feed one checked input; update ``_lengths``; return its ``[num_logits, V]`` logits."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _crop(self, slot: int, length: int) -> None:
-        raise NotImplementedError
+        """Keep the first ``length`` cached tokens of the slot (fewer than it holds)."""
 
+    @abstractmethod
     def _free(self, slot: int) -> None:
-        raise NotImplementedError
+        """Drop what the slot holds."""
 
+    @abstractmethod
     def _export(
         self, slot: int, length: int
     ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-        raise NotImplementedError
+        """Copies of the slot's first ``length`` keys and values, per layer."""
 
+    @abstractmethod
     def _import(self, slot: int, data: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Fill an empty slot with checked per-layer ``(keys, values)`` on the model's device."""
-        raise NotImplementedError
 
     # --- checks ------------------------------------------------------------------------------
 

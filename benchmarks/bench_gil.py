@@ -2,8 +2,9 @@
 
 Two workloads of about the same length (0.5 s), each alone and then both at once on two
 threads: ``fill`` fills the bitmask of JSON-schema matchers in states that need real work (after
-an object key, inside a number, ...), ``matmul`` runs 256 x 256 float32 matrix products on one
-torch thread. ``parallel speedup`` =
+an object key, inside a number, ...) one row at a time, ``batch fill`` eight rows a call through
+the backend's batch call on one worker thread of its own, ``matmul`` runs 256 x 256 float32
+matrix products on one torch thread. ``parallel speedup`` =
 (time alone + time alone) / time together: 2.0 when neither holds the GIL while it works (and two
 cores are free), 1.0 when they take turns. A pure-Python loop is the control (it never releases
 the GIL). Medians of ``--repeats``.
@@ -31,6 +32,7 @@ from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.matcher import GrammarMatcher
 
 SCHEMA = {
     "type": "object",
@@ -43,10 +45,12 @@ SCHEMA = {
     "required": ["name", "age"],
 }
 SECONDS = 0.5  # each workload alone
+BATCH_ROWS = 8
 PREFIXES = ['{"name":"Al","age":4', '{"name":"Al","age":42,', '{"name":"Al","age":1,"tags":["x']
 
 
-def fill_work(backend: str, tokenizer: TokenizerInfo, calls: int) -> Callable[[], None]:
+def advanced_matchers(backend: str, tokenizer: TokenizerInfo, count: int) -> list[GrammarMatcher]:
+    """``count`` matchers in states that need real work (cycling through ``PREFIXES``)."""
     config = GuidedDecodingConfig(
         backend=backend,  # type: ignore[arg-type]
         tokenizer=tokenizer,
@@ -55,16 +59,38 @@ def fill_work(backend: str, tokenizer: TokenizerInfo, calls: int) -> Callable[[]
     factory = create_grammar_matcher_factory(config)
     params = GuidedDecodingParams(json_schema=json.dumps(SCHEMA))
     matchers = []
-    for prefix in PREFIXES:
+    for i in range(count):
         matcher = factory.create(params)
-        for token in tokenizer.encode(prefix):
+        for token in tokenizer.encode(PREFIXES[i % len(PREFIXES)]):
             assert matcher.accept_token(token)
         matchers.append(matcher)
+    return matchers
+
+
+def fill_work(backend: str, tokenizer: TokenizerInfo, calls: int) -> Callable[[], None]:
+    """One row at a time, through ``fill_next_token_bitmask``."""
+    matchers = advanced_matchers(backend, tokenizer, len(PREFIXES))
     bitmask = allocate_bitmask(1, tokenizer.vocab_size)
 
     def work() -> None:
         for i in range(calls):
             matchers[i % len(matchers)].fill_next_token_bitmask(bitmask, 0)
+
+    return work
+
+
+def batch_fill_work(backend: str, tokenizer: TokenizerInfo, calls: int) -> Callable[[], None]:
+    """Eight rows per call through the backend's batch call on one thread of its own (xgrammar's
+    ``BatchGrammarMatcher``, llguidance's ``LLExecutor``): does the caller's thread wait for it
+    without holding the GIL?"""
+    matchers = advanced_matchers(backend, tokenizer, BATCH_ROWS)
+    bitmask = allocate_bitmask(BATCH_ROWS, tokenizer.vocab_size)
+    batch_fill = type(matchers[0]).fill_next_token_bitmasks
+    rows = range(BATCH_ROWS)
+
+    def work() -> None:
+        for _ in range(calls):
+            batch_fill(matchers, bitmask, rows, num_threads=1)
 
     return work
 
@@ -130,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for backend in ("xgrammar", "llguidance"):
         fill = calibrated(lambda n, b=backend: fill_work(b, tokenizer, n), SECONDS)
         rows[f"{backend} fill + matmul"] = speedup(fill, matmul, args.repeats)
+        batch = calibrated(lambda n, b=backend: batch_fill_work(b, tokenizer, n), SECONDS)
+        rows[f"{backend} batch fill (1 thread) + matmul"] = speedup(batch, matmul, args.repeats)
     control = calibrated(python_work, SECONDS)
     rows["python loop + matmul (control)"] = speedup(control, matmul, args.repeats)
     lines = [

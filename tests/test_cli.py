@@ -219,3 +219,13 @@ def test_python_m_guidedec_help() -> None:
     )
     assert result.returncode == 0
     assert "--json-schema" in result.stdout and "PROMPT" in result.stdout
+
+
+def test_summary_names_how_auto_fills_the_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    """Four guided prompts on one backend make waves of 4 rows: ``auto`` measures them, and the
+    summary says what it settled on (or that it is still measuring)."""
+    argv = ["generate", "--backend", "llguidance", "--max-num-seqs", "4", "--max-tokens", "16"]
+    guide = ["--regex", "[a-z]{1,20}"]
+    status, _, err = run_cli(capsys, *argv, *guide, "a", "b", "c", "d")
+    assert status == 0, err
+    assert re.search(r"fills: llguidance 4\+ (parallel|sequential|measuring)", err), err

@@ -453,6 +453,9 @@ def test_cli_cuda_graphs_flag_reaches_the_engine(
     ):
         cli_generate.build_llm(build_parser().parse_args(argv))
         assert seen["cuda_graphs"] is expected
+        assert seen["max_model_len"] is None
+    cli_generate.build_llm(build_parser().parse_args([command, "--max-model-len", "64", *prompts]))
+    assert seen["max_model_len"] == 64
 
 
 # --- on a GPU -----------------------------------------------------------------------------------
@@ -485,3 +488,16 @@ def test_a_steady_slot_set_captures_once_on_cuda(
         _close(logits, expected)
         token = int(expected[0].argmax())
     assert graphs.captures == 1
+
+
+def test_max_model_len_bounds_the_static_caches_and_the_sequences() -> None:
+    llm = LLM("tiny-random", max_num_seqs=2, cuda_graphs=True, max_model_len=24)
+    assert isinstance(llm.runner, StaticModelRunner) and llm.runner.max_len == 24
+    [out] = llm.generate(["Hello"], SamplingParams(max_tokens=100))
+    prompt_len = len(llm.tokenizer.encode("Hello"))
+    assert out.finish_reason == "length" and prompt_len + len(out.token_ids) == 24
+    with pytest.raises(ValueError, match="takes at most 24"):
+        llm.generate(["word " * 30], SamplingParams(max_tokens=4))
+    llm.close()
+    with pytest.raises(ValueError, match=r"max_model_len must be in \[2, 4096\]"):
+        LLM("tiny-random", max_model_len=5000)

@@ -165,6 +165,12 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         help="build the masks after the forward, not while it runs",
     )
     run.add_argument(
+        "--max-model-len",
+        type=_int_at_least(2),
+        metavar="N",
+        help="longest prompt + output (default: the model's; bounds the --cuda-graphs caches)",
+    )
+    run.add_argument(
         "--fill-mode",
         default="auto",
         choices=["auto", "parallel", "sequential"],

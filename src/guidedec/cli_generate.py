@@ -119,6 +119,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             approximate=getattr(args, "approximate", True),
             cuda_graphs=getattr(args, "cuda_graphs", False),
             fill_mode=getattr(args, "fill_mode", "auto"),
+            max_model_len=getattr(args, "max_model_len", None),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc

@@ -7,6 +7,7 @@ disaggregated ``prefill``/``generate_from_handoff``. The step itself is in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -55,6 +56,9 @@ class LLM(EngineCore):
         fill_mode: How each step fills its mask rows: ``"auto"`` (whichever of the backends'
             parallel batch calls and one row at a time measures faster), ``"parallel"`` or
             ``"sequential"`` (see :mod:`guidedec.grammar.batch_fill`).
+        max_model_len: The longest sequence (prompt + output) the engine takes, at most the
+            model's own (default). Lower it to bound memory: with ``cuda_graphs`` every slot's
+            static cache holds this many positions from the start.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class LLM(EngineCore):
         approximate: bool = True,
         cuda_graphs: bool = False,
         fill_mode: FillMode = "auto",
+        max_model_len: int | None = None,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -82,6 +87,7 @@ class LLM(EngineCore):
         k = num_draft_tokens if spec else 0
         budget = _token_budget(max_num_tokens, max_num_seqs, k)
         loaded = load_model(model, device=device, dtype=dtype, seed=seed)
+        loaded = _with_max_len(loaded, max_model_len)
         config = GuidedDecodingConfig(
             backend=backend,
             tokenizer=loaded.tokenizer,
@@ -156,6 +162,17 @@ class LLM(EngineCore):
             for output in self.step():
                 outputs[output.request_id] = output
         return [outputs.pop(i) for i in ids]
+
+
+def _with_max_len(model: LoadedModel, max_model_len: int | None) -> LoadedModel:
+    if max_model_len is None:
+        return model
+    if not 2 <= max_model_len <= model.max_model_len:
+        raise ValueError(
+            f"max_model_len must be in [2, {model.max_model_len}] (the model's own), "
+            f"got {max_model_len}"
+        )
+    return dataclasses.replace(model, max_model_len=max_model_len)
 
 
 def _token_budget(max_num_tokens: int | None, max_num_seqs: int, k: int) -> int:

@@ -1,8 +1,8 @@
-"""CUDA graphs in the reference engine, checked on the CPU where no graph exists: the static-cache
-runner against ModelRunner (logits, crop, export/import, errors, no host reads of device values
-in a forward), the CPU StepGraph and the LRU of decode graphs, the guided replay taking exactly
-one queued snapshot, and LLM(cuda_graphs=True) against the eager engine token for token. The
-`gpu` tests capture real graphs."""
+"""CUDA graphs in the reference engine, checked on the CPU where no graph exists: the batched
+runner's static cache against ModelRunner (logits, crop, export/import, errors, no host reads of
+device values in a decode forward), the CPU StepGraph and the LRU of padded-size decode graphs,
+the guided replay taking exactly one queued snapshot, and LLM(cuda_graphs=True) against the
+eager engine token for token. The `gpu` tests capture real graphs."""
 
 from __future__ import annotations
 
@@ -23,10 +23,16 @@ from guidedec import (
 )
 from guidedec.cli import build_parser
 from guidedec.decoder.capturable import CapturableGuidedDecoder
-from guidedec.engine.graphs import DecodeGraphs, HostStepGraph, is_decode_step
+from guidedec.engine.batched_runner import BatchedModelRunner
+from guidedec.engine.graphs import (
+    DecodeGraphs,
+    HostStepGraph,
+    decode_batch,
+    is_decode_step,
+    padded_size,
+)
 from guidedec.engine.model import TINY_RANDOM, LoadedModel, load_model
 from guidedec.engine.runner import ForwardInput, KVState, ModelRunner, SlotRunner
-from guidedec.engine.static_runner import StaticModelRunner
 from guidedec.testing import bitmask_to_bool_mask, feed_tokens, next_token_mask
 
 PROMPT = [1000 + 37 * i for i in range(10)]
@@ -41,8 +47,9 @@ SCHEMA = {
     "additionalProperties": False,
 }
 JSON = GuidedDecodingParams(json_schema=SCHEMA)
-# Float32 attention over the whole static buffer (masked keys weigh 0) sums in another order
-# than attention over the cached keys only; float64 logits agree to ~1e-15 or exactly.
+# Float32 attention over the whole static buffer (masked keys weigh 0) and batched matrix
+# products sum in another order than batch-1 attention over the cached keys only; float64
+# logits agree to ~1e-15 or exactly.
 ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
@@ -66,7 +73,16 @@ def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=0, atol=ATOL[expected.dtype])
 
 
-# --- StaticModelRunner against ModelRunner -----------------------------------------------------
+def StaticModelRunner(  # noqa: N802 - reads as the class it stands for
+    model: LoadedModel, *, max_num_seqs: int, max_cache_len: int | None = None
+) -> BatchedModelRunner:
+    """The batched runner with its static cache, as the graphs use it."""
+    return BatchedModelRunner(
+        model, max_num_seqs=max_num_seqs, max_cache_len=max_cache_len, static=True
+    )
+
+
+# --- the static batched runner against ModelRunner --------------------------------------------
 
 
 def test_static_runner_matches_model_runner_through_prefill_and_decode(model: LoadedModel) -> None:
@@ -124,7 +140,7 @@ def test_export_import_round_trip_continues_like_the_source(
     assert state.length == 7 and len(state.keys) == 4
     assert state.keys[0].shape[-2] == 7
     expected = _feed(source, 0, PROMPT[7:], 3)  # the source moves on; the state must not
-    target: Any = target_cls(model64, max_num_seqs=3)  # type: ignore[call-arg]
+    target: Any = target_cls(model64, max_num_seqs=3)
     _feed(target, 2, PROMPT[::-1])  # something to overwrite
     target.import_cache(2, state)
     assert target.num_cached(2) == 7
@@ -151,7 +167,7 @@ def test_static_runner_refuses_bad_crop_import_and_sizes(model64: LoadedModel) -
 
 def test_smaller_max_cache_len_limits_the_sequence(model64: LoadedModel) -> None:
     runner = StaticModelRunner(model64, max_num_seqs=1, max_cache_len=12)
-    assert runner._caches[0].layers[0].keys.shape[-2] == 12
+    assert runner.cache.capacity == 12
     _feed(runner, 0, PROMPT)
     with pytest.raises(
         ValueError, match=r"10 cached \+ 3 new tokens = 13 exceeds max_cache_len=12"
@@ -182,11 +198,11 @@ def test_static_forward_reads_no_device_value_on_the_host(model64: LoadedModel) 
     with _HostReads() as probe:
         torch.tensor([3]).item()
     assert probe.seen == ["_local_scalar_dense"]  # the probe sees what it looks for
-    runner = StaticModelRunner(model64, max_num_seqs=1)
+    runner = StaticModelRunner(model64, max_num_seqs=2)
     _feed(runner, 0, PROMPT)
-    ids, positions = torch.tensor([[7]]), torch.tensor([[len(PROMPT)]])
+    static_inputs = torch.tensor([[7, 0], [len(PROMPT), 0], [0, runner.scratch_slot]])
     with _HostReads() as probe:
-        runner.forward_tensors(0, ids, positions)
+        runner.forward_packed(decode_batch(runner, static_inputs))
     assert probe.seen == []
 
 
@@ -227,7 +243,7 @@ def _decoder(model: LoadedModel, factory: GrammarMatcherFactory, slots: int) -> 
     )
 
 
-def _prefilled(model: LoadedModel, slots: int) -> tuple[StaticModelRunner, ModelRunner]:
+def _prefilled(model: LoadedModel, slots: int) -> tuple[BatchedModelRunner, ModelRunner]:
     static, dynamic = (
         StaticModelRunner(model, max_num_seqs=slots),
         ModelRunner(model, max_num_seqs=slots),
@@ -239,21 +255,36 @@ def _prefilled(model: LoadedModel, slots: int) -> tuple[StaticModelRunner, Model
     return static, dynamic
 
 
-def test_decode_graphs_match_eager_steps_and_are_kept_per_slot_tuple_lru(
+def test_padded_size_is_the_next_power_of_two_within_max_num_seqs() -> None:
+    assert [padded_size(b, 32) for b in (1, 2, 3, 4, 5, 8, 9, 17, 32)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        8,
+        16,
+        32,
+        32,
+    ]
+    assert [padded_size(b, 6) for b in (3, 5, 6)] == [4, 6, 6]
+
+
+def test_decode_graphs_match_eager_steps_and_are_kept_per_padded_size_lru(
     model64: LoadedModel, make_factory: Callable[..., GrammarMatcherFactory]
 ) -> None:
     static, dynamic = _prefilled(model64, 3)
     graphs = DecodeGraphs(
         static, _decoder(model64, make_factory("xgrammar", "compact"), 3), max_graphs=2
     )
-    schedule = [(0, 1, 2)] * 3 + [(0, 2)] * 2 + [(0, 1, 2), (1,), (0, 2), (0, 1, 2)]
+    schedule = [(0, 1, 2)] * 3 + [(0, 2)] * 2 + [(0, 1, 2), (1,), (0, 2), (1, 2), (0, 1, 2)]
     expected_keys = [
-        [((0, 1, 2), False)],
-        [((0, 1, 2), False), ((0, 2), False)],
-        [((0, 2), False), ((0, 1, 2), False)],  # reused: now the most recent
-        [((0, 1, 2), False), ((1,), False)],  # (0, 2) evicted
-        [((1,), False), ((0, 2), False)],  # captured again
-        [((0, 2), False), ((0, 1, 2), False)],
+        [(3, False)],
+        [(3, False), (2, False)],
+        [(2, False), (3, False)],  # reused: now the most recent
+        [(3, False), (1, False)],  # size 2 evicted
+        [(1, False), (2, False)],  # captured again; (1, 2) then replays it
+        [(2, False), (3, False)],
     ]
     captures, keys_seen = [], []
     for step, slots in enumerate(schedule):
@@ -265,9 +296,26 @@ def test_decode_graphs_match_eager_steps_and_are_kept_per_slot_tuple_lru(
         captures.append(graphs.captures)
         if not keys_seen or graphs.cached_keys() != keys_seen[-1]:
             keys_seen.append(graphs.cached_keys())
-    assert captures == [1, 1, 1, 2, 2, 2, 3, 4, 5]
+    assert captures == [1, 1, 1, 2, 2, 2, 3, 4, 4, 5]
     assert keys_seen == expected_keys
     assert [static.num_cached(s) for s in range(3)] == [dynamic.num_cached(s) for s in range(3)]
+
+
+def test_one_padded_graph_serves_every_slot_set_of_its_size(
+    model64: LoadedModel, make_factory: Callable[..., GrammarMatcherFactory]
+) -> None:
+    """Batches of 3 and 4 slots (in any order) replay the size-4 graph; the padding row writes
+    only the scratch slot, so the slot left out keeps its cache."""
+    static, dynamic = _prefilled(model64, 5)
+    assert padded_size(3, 5) == padded_size(4, 5) == 4
+    decoder = _decoder(model64, make_factory("xgrammar", "compact"), 5)
+    graphs = DecodeGraphs(static, decoder)
+    for step, slots in enumerate([(0, 1, 2), (3, 1, 0, 2), (2, 4, 3), (4, 0, 1, 3)]):
+        inputs = [ForwardInput(s, [200 + 11 * step + s]) for s in slots]
+        _close(graphs.run(inputs, guided=False)[0], dynamic.forward(inputs))
+    assert graphs.captures == 1 and graphs.cached_keys() == [(4, False)]
+    final = [ForwardInput(s, [9]) for s in range(5)]
+    _close(static.forward(final), dynamic.forward(final))
 
 
 def test_decode_graphs_refuse_other_steps_and_bad_inputs_without_running(
@@ -433,7 +481,8 @@ def test_speculation_with_cuda_graphs_runs_eagerly_with_the_same_outputs() -> No
         llm = _engine("xgrammar", cuda_graphs=cuda_graphs, speculative="ngram", num_draft_tokens=3)
         outputs[cuda_graphs] = _generate(llm, GUIDES[:3], max_tokens=12)
         assert llm.graphs is None
-        assert isinstance(llm.runner, StaticModelRunner if cuda_graphs else ModelRunner)
+        assert isinstance(llm.runner, BatchedModelRunner)
+        assert llm.runner.static is cuda_graphs
         llm.close()
     assert outputs[True] == outputs[False]
 
@@ -492,7 +541,8 @@ def test_a_steady_slot_set_captures_once_on_cuda(
 
 def test_max_model_len_bounds_the_static_caches_and_the_sequences() -> None:
     llm = LLM("tiny-random", max_num_seqs=2, cuda_graphs=True, max_model_len=24)
-    assert isinstance(llm.runner, StaticModelRunner) and llm.runner.max_len == 24
+    assert isinstance(llm.runner, BatchedModelRunner) and llm.runner.max_len == 24
+    assert llm.runner.static and llm.runner.cache.capacity == 24
     [out] = llm.generate(["Hello"], SamplingParams(max_tokens=100))
     prompt_len = len(llm.tokenizer.encode("Hello"))
     assert out.finish_reason == "length" and prompt_len + len(out.token_ids) == 24

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
 from guidedec import TokenizerInfo
+from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.model import (
     TINY_RANDOM,
     TINY_RANDOM_DRAFT,
@@ -17,7 +18,6 @@ from guidedec.engine.model import (
     resolve_dtype,
 )
 from guidedec.engine.runner import ForwardInput, KVState, ModelRunner, SlotRunner
-from guidedec.engine.static_runner import StaticModelRunner
 
 PROMPT = [1000 + 37 * i for i in range(10)]
 
@@ -44,6 +44,10 @@ def _feed(
     runner: ModelRunner, slot: int, tokens: Sequence[int], num_logits: int = 1
 ) -> torch.Tensor:
     return runner.forward([ForwardInput(slot, tokens, num_logits)])
+
+
+def _static_runner(model: LoadedModel, *, max_num_seqs: int) -> BatchedModelRunner:
+    return BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=True)
 
 
 # --- load_model ---------------------------------------------------------------------------------
@@ -228,12 +232,15 @@ def test_free_empties_the_slot(model64: LoadedModel) -> None:
         ([ForwardInput(1, [1] * 4097)], r"slot 1: 0 cached \+ 4097 new .* max_model_len=4096"),
     ],
 )
-@pytest.mark.parametrize("runner_cls", [ModelRunner, StaticModelRunner])
+@pytest.mark.parametrize("make_runner", [ModelRunner, BatchedModelRunner, _static_runner])
 def test_invalid_forward_raises_and_runs_nothing(
-    model64: LoadedModel, runner_cls: type[SlotRunner], inputs: list[ForwardInput], message: str
+    model64: LoadedModel,
+    make_runner: Callable[..., SlotRunner],
+    inputs: list[ForwardInput],
+    message: str,
 ) -> None:
-    """Both runners (dynamic and static caches) check their inputs alike."""
-    runner = runner_cls(model64, max_num_seqs=2)
+    """Every runner (per sequence, batched, batched static) checks its inputs alike."""
+    runner = make_runner(model64, max_num_seqs=2)
     valid = ForwardInput(1 if inputs[0].slot == 0 else 0, [1])  # must not run either
     with pytest.raises(ValueError, match=message):
         runner.forward([valid, *inputs])

@@ -217,7 +217,7 @@ class BaseGuidedDecoder:
         next wave fills the rows after them. Per request this is the same sequence of matcher
         calls as filling its rows one after another, which is what a wave too small for a
         parallel fill does."""
-        self._token_mask_np[: batch.num_bitmask_tokens] = 0
+        self._token_mask_np[:] = 0  # also past the batch: a padded graph applies fixed rows
         failures: list[Failure] = []
         wave: list[_RowFill] = []
         draft_len = batch.num_draft_tokens
@@ -390,21 +390,25 @@ class BaseGuidedDecoder:
         self.sync.note("side: copy bitmask")
         if self.bitmask is self.bitmask_host:
             return
-        n = self._batch().num_bitmask_tokens if num_bitmask_tokens is None else num_bitmask_tokens
+        n = self._rows(num_bitmask_tokens)
         with nvtx_range("guided_decoder.copy_bitmask"):
             self.bitmask[:n].copy_(self.bitmask_host[:n], non_blocking=True)
             self.token_mask[:n].copy_(self.token_mask_host[:n], non_blocking=True)
 
-    def apply_bitmask(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> None:
+    def apply_bitmask(
+        self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, num_rows: int | None = None
+    ) -> None:
         """Mask ``logits`` in place: rows ``[0, num_bitmask_tokens)`` of this batch, live rows only.
 
         Masked logits become -inf; rows of unguided, terminated or failed requests are untouched.
+        ``num_rows`` (at least the batch's rows) covers a fixed number of rows instead, for a
+        graph captured at a padded batch size: rows past the batch are not live after a build.
         Logits narrower than the vocabulary (``vocab_size``, or ``d2t``'s length with ``d2t``) are
         this rank's shard of vocab-sharded logits: they get the columns of the shard, with ``d2t``
         the full table (see :func:`guidedec.bitmask.apply_bitmask_sharded`).
         """
         self.sync.note("main: apply bitmask")
-        n = self._batch().num_bitmask_tokens
+        n = self._rows(num_rows)
         if logits.dim() != 2 or logits.shape[0] < n:
             raise ValueError(
                 f"logits must be 2-D with at least {n} rows, got {tuple(logits.shape)}"
@@ -440,6 +444,19 @@ class BaseGuidedDecoder:
             self.sync.record_bitmask()
         self.sync.wait_bitmask()
         self.apply_bitmask(logits, d2t=d2t)
+
+    def _rows(self, num_rows: int | None) -> int:
+        """The rows a copy or apply covers: the batch's, or ``num_rows`` (not fewer, and no more
+        than the buffers hold)."""
+        needed = self._batch().num_bitmask_tokens
+        if num_rows is None:
+            return needed
+        if not needed <= num_rows <= self.max_num_rows:
+            raise ValueError(
+                f"num_rows={num_rows} must be in [{needed}, {self.max_num_rows}] (the batch's "
+                f"rows, the buffers' rows)"
+            )
+        return num_rows
 
     def _batch(self) -> GuidedRequests:
         if self.requests is None:

@@ -105,19 +105,23 @@ class CapturableGuidedDecoder(GuidedDecoder):
         assert self.requests is not None
         self.queue.append((self.requests, new_tokens is not None))
 
-    def execute(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> list[Failure]:
+    def execute(
+        self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, num_rows: int | None = None
+    ) -> list[Failure]:
         """Fetch, build and copy on the side stream (host functions), then mask ``logits``.
 
+        ``num_rows``: copy and apply that many rows whatever the batch (a graph captured at a
+        padded batch size replays for smaller batches; rows past a batch are not live).
         Returns the failures on the CPU; on a CUDA device the host functions run later, so it
         returns ``[]``: call :meth:`pop_failures` after :meth:`drain_host_functions`.
         """
         with self.sync.side():
             self.fetch_batch()
             self.build_hostfunc()
-            self.copy_bitmask()
+            self.copy_bitmask(num_rows)
             self.sync.record_bitmask()
         self.sync.wait_bitmask()
-        self.apply_bitmask(logits, d2t=d2t)
+        self.apply_bitmask(logits, d2t=d2t, num_rows=num_rows)
         return [] if self.sync.on_cuda else self.pop_failures()
 
     def rollback_rejected_batch(self, num_accepted_tokens: TokenCounts) -> list[Failure]:

@@ -8,10 +8,14 @@ Overlap: the mask of step n depends only on tokens sampled up to step n - 1, so 
 worker thread on the CPU; on a CUDA device, on the host right after the forward is enqueued),
 and only the copy and apply wait for the logits. Results are the same token for token.
 
-CUDA graphs: with ``cuda_graphs`` the runner keeps static KV caches
-(:class:`~guidedec.engine.static_runner.StaticModelRunner`) and a pure decode step (every
-sequence feeds one token, no prefill, no drafts) is a graph replay
-(:class:`~guidedec.engine.graphs.DecodeGraphs`) with the guided decoder's step inside: its build
+Every step is one batched forward of the model over all scheduled sequences
+(:class:`~guidedec.engine.batched_runner.BatchedModelRunner`): decode tokens, verification
+chunks and prefill chunks together.
+
+CUDA graphs: with ``cuda_graphs`` the runner's KV cache is static (allocated once, never moved)
+and a pure decode step (every sequence feeds one token, no prefill, no drafts) is a graph replay
+at the next padded batch size (:class:`~guidedec.engine.graphs.DecodeGraphs`) with the guided
+decoder's step inside: its build
 runs as host functions in the graph, so ``overlap`` does not apply to it, and its time counts
 as forward time (``step_times`` holds the eager steps only). Every other step runs eagerly as
 without graphs. With a speculator every step runs eagerly (verify steps feed drafts), with a
@@ -29,13 +33,14 @@ import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
 from guidedec.decoder.capturable import CapturableGuidedDecoder
+from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.grammar_pool import GrammarPool
 from guidedec.engine.graphs import DecodeGraphs, is_decode_step
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.prompts import TokenizedPrompt
 from guidedec.engine.request import Request, RequestOutput
-from guidedec.engine.runner import ForwardInput, ModelRunner, SlotRunner
+from guidedec.engine.runner import ForwardInput
 from guidedec.engine.sampling import (
     SamplingParams,
     make_draft_generator,
@@ -47,7 +52,6 @@ from guidedec.engine.sampling import (
 )
 from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
-from guidedec.engine.static_runner import StaticModelRunner
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
@@ -80,12 +84,8 @@ class EngineCore:
         self.num_draft_tokens, self.max_num_tokens = num_draft_tokens, max_num_tokens
         self.factory = create_grammar_matcher_factory(config)
         self.cuda_graphs = cuda_graphs
-        self.runner: SlotRunner
         self.graphs: DecodeGraphs | None = None
-        if cuda_graphs:
-            self.runner = StaticModelRunner(model, max_num_seqs=max_num_seqs)
-        else:
-            self.runner = ModelRunner(model, max_num_seqs=max_num_seqs)
+        self.runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
         capturable = cuda_graphs and speculator is None
         self.decoder = (CapturableGuidedDecoder if capturable else GuidedDecoder)(
             config=config,
@@ -95,9 +95,7 @@ class EngineCore:
             device=model.device,
             factory=self.factory,
         )
-        if isinstance(self.runner, StaticModelRunner) and isinstance(
-            self.decoder, CapturableGuidedDecoder
-        ):
+        if cuda_graphs and isinstance(self.decoder, CapturableGuidedDecoder):
             self.graphs = DecodeGraphs(self.runner, self.decoder)
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
         self.grammars = GrammarPool(self.factory, timeout_s=compile_timeout_s)

@@ -1,14 +1,15 @@
-"""ModelRunner: forward passes of a causal LM over sequence slots, one KV cache per slot.
+"""Model runners: forward passes of a causal LM over sequence slots.
 
-Each :class:`ForwardInput` runs as its own forward pass (batch size 1), so a sequence's logits do
-not depend on what else is in the call: a request that joins mid-flight gets exactly the logits
-it would get alone. Positions are explicit: the tokens of an input take positions
-``num_cached(slot) .. num_cached(slot) + len(token_ids) - 1``.
+Positions are explicit: the tokens of a :class:`ForwardInput` take positions
+``num_cached(slot) .. num_cached(slot) + len(token_ids) - 1``, and a sequence's logits do not
+depend on what else is in the call (up to floating-point summation order), so a request that
+joins mid-flight gets the logits it would get alone.
 
 :class:`SlotRunner` holds what every runner shares (slot lengths, input and state checks, the
-order of checks and effects); :class:`ModelRunner` keeps a growing ``DynamicCache`` per slot, and
-:class:`guidedec.engine.static_runner.StaticModelRunner` a preallocated one that CUDA graphs can
-capture.
+order of checks and effects). The engine's runner is
+:class:`guidedec.engine.batched_runner.BatchedModelRunner`: one forward for all inputs of a
+step. :class:`ModelRunner` runs each input as its own batch-1 forward with a growing
+``DynamicCache`` per slot: the oracle the batched runner is tested against.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class KVState:
 class SlotRunner(ABC):
     """Sequence slots, their cached lengths and the checks every runner makes.
 
-    Subclasses store the KV caches: they implement :meth:`_run_one`, :meth:`_crop`,
+    Subclasses store the KV caches: they implement :meth:`_run`, :meth:`_crop`,
     :meth:`_free`, :meth:`_export` and :meth:`_import`, each called only after its arguments
     were checked here, so that every runner accepts and refuses exactly the same calls.
 
@@ -100,7 +101,7 @@ class SlotRunner(ABC):
         self.check_inputs(inputs)
         if not inputs:
             return torch.empty(0, self.vocab_size, dtype=self.model.dtype, device=self.model.device)
-        return torch.cat([self._run_one(item) for item in inputs])
+        return self._run(inputs)
 
     def check_inputs(self, inputs: Sequence[ForwardInput]) -> None:
         """Raise the ValueError :meth:`forward` would raise for ``inputs``; change nothing."""
@@ -159,8 +160,9 @@ class SlotRunner(ABC):
     # --- what a subclass stores ----------------------------------------------------------------
 
     @abstractmethod
-    def _run_one(self, item: ForwardInput) -> torch.Tensor:
-        """Feed one checked input; update ``_lengths``; return its ``[num_logits, V]`` logits."""
+    def _run(self, inputs: Sequence[ForwardInput]) -> torch.Tensor:
+        """Feed checked, non-empty inputs; update ``_lengths``; return the logits as
+        :meth:`forward` does."""
 
     @abstractmethod
     def _crop(self, slot: int, length: int) -> None:
@@ -227,7 +229,8 @@ class SlotRunner(ABC):
 
 
 class ModelRunner(SlotRunner):
-    """Runs a causal LM over ``max_num_seqs`` sequence slots, each with its own KV cache.
+    """Runs a causal LM over ``max_num_seqs`` sequence slots, each with its own KV cache, one
+    batch-1 forward per input.
 
     A slot starts empty; :meth:`forward` appends to it, :meth:`crop` shortens it, :meth:`free`
     empties it. Slots are independent: nothing in one slot affects another's logits.
@@ -243,6 +246,9 @@ class ModelRunner(SlotRunner):
         self._caches: list[Any] = [None] * max_num_seqs  # a transformers DynamicCache, or None
         self._cache_kwarg = cache_kwarg_name(model.model)
         self._num_layers = len(self._new_cache().layers)
+
+    def _run(self, inputs: Sequence[ForwardInput]) -> torch.Tensor:
+        return torch.cat([self._run_one(item) for item in inputs])
 
     def _run_one(self, item: ForwardInput) -> torch.Tensor:
         start = self._lengths[item.slot]

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 import torch
 
 from guidedec.decoder import GuidedDecoder
+from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.ngram import NgramDrafter
 from guidedec.engine.request import Request
-from guidedec.engine.runner import ForwardInput, ModelRunner
+from guidedec.engine.runner import ForwardInput
 from guidedec.engine.sampling import processed_probs, sample
 from guidedec.engine.scheduler import Scheduled
 
@@ -69,7 +70,7 @@ class DraftModelSpeculator:
     def __init__(
         self, model: LoadedModel, *, max_num_seqs: int, num_draft_tokens: int, max_model_len: int
     ) -> None:
-        self.runner = ModelRunner(model, max_num_seqs=max_num_seqs)
+        self.runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs)
         self.num_draft_tokens, self.max_model_len = num_draft_tokens, max_model_len
         self.vocab_size = model.tokenizer.vocab_size
 

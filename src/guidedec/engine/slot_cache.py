@@ -36,7 +36,7 @@ INITIAL_CAPACITY = 256
 """Positions per slot allocated first when the cache grows on demand."""
 
 
-class SlotLayer(CacheLayerMixin):  # type: ignore[misc]
+class SlotLayer(CacheLayerMixin):
     """One layer's storage: ``keys`` and ``values``, each
     ``[num_slots, kv_heads, capacity, head_dim]``."""
 

@@ -1,11 +1,11 @@
 """The reference engine end to end on tiny-random (CPU): every guide type, failures per request,
 speculative decoding, chunked prefill, continuous batching, disaggregated prefill, abort, seeds.
 
-Equivalence tests compare outputs token for token. The model runs each sequence on its own, so
-the batch never changes a sequence's numbers; feeding tokens in chunks of another size does (a
-matmul over 5 positions rounds differently from 5 matmuls over 1), so the tests that change
-chunking (speculation, chunked prefill) run the model in float64, where such differences cannot
-flip an argmax.
+Equivalence tests compare outputs token for token. One forward runs every sequence of a step,
+so what else is in the batch, and feeding tokens in chunks of another size, changes the order
+of floating-point sums (a matmul over 5 rows rounds differently from 5 matmuls over 1): the
+tests that change the batch or the chunking (joins, speculation, chunked prefill) run the model
+in float64, where such differences cannot flip an argmax.
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ def test_same_seed_same_output_and_sampling_respects_the_grammar(llm: LLM) -> No
     assert follows(llm, GUIDES["json_schema"], first[1], complete=False)
 
 
-def test_requests_joining_mid_flight_equal_the_same_requests_alone(llm: LLM) -> None:
+def test_requests_joining_mid_flight_equal_the_same_requests_alone(f64: dict[str, LLM]) -> None:
+    llm = f64["plain"]
     params = [
         SamplingParams(max_tokens=20, guided_decoding=g)
         for g in (GUIDES["json_schema"], None, GUIDES["ebnf"])

@@ -89,7 +89,9 @@ def test_greedy_decoding_of_a_batch_equals_each_sequence_decoded_alone(
         logits = runner.forward([ForwardInput(s, prompts[s]) for s in slots])
         tokens = [[int(t)] for t in logits.argmax(dim=-1)]
         for _ in range(24):
-            logits = runner.forward([ForwardInput(s, [t[-1]]) for s, t in zip(slots, tokens)])
+            logits = runner.forward(
+                [ForwardInput(s, [t[-1]]) for s, t in zip(slots, tokens, strict=True)]
+            )
             for row, t in zip(logits.argmax(dim=-1).tolist(), tokens, strict=True):
                 t.append(row)
         return tokens

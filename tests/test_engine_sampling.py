@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from guidedec.engine.ngram import NgramDrafter
 from guidedec.engine.sampling import (
     SamplingParams,
+    greedy_tokens,
     make_generator,
     processed_probs,
     sample,
     verify_greedy,
+    verify_greedy_tokens,
     verify_rejection,
 )
 
@@ -299,6 +301,46 @@ def test_verify_greedy() -> None:
         verify_greedy(torch.full((2, 4), -INF), [0])
     with pytest.raises(ValueError, match="rows"):
         verify_greedy(one_hot_logits([1, 2]), [1, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(
+            st.sampled_from([-INF, INF, math.nan, -1.5, 0.0, 0.0, 2.0, 7.25]),
+            min_size=1,
+            max_size=9,
+        ).map(tuple),
+        min_size=1,
+        max_size=6,
+    ).filter(lambda rows: len({len(r) for r in rows}) == 1),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_greedy_tokens_equal_checked_argmax_row_by_row(
+    rows: list[tuple[float, ...]], dtype: torch.dtype
+) -> None:
+    """The one-pass pick agrees with sample's checks and argmax on every row: a token where
+    sample would return one, None where it refuses the row."""
+    logits = torch.tensor(rows, dtype=dtype)
+    best = greedy_tokens(logits)
+    for i, token in enumerate(best):
+        row = logits[i : i + 1]
+        try:
+            expected: int | None = sample(row, [SamplingParams(temperature=0)], [None])[0]
+        except ValueError:
+            expected = None
+        assert token == expected, (rows[i], token, expected)
+
+
+def test_verify_greedy_tokens_equals_verify_greedy_on_logits() -> None:
+    for best, drafts in (([3, 1, 4, 5], [3, 1, 4]), ([3, 1, 4, 5], [2, 1, 4]), ([2], [])):
+        logits = one_hot_logits(best)
+        assert verify_greedy_tokens(greedy_tokens(logits), drafts) == verify_greedy(logits, drafts)
+    assert verify_greedy_tokens([3, None, None], [2, 2]) == (0, 3)  # unread rows are not checked
+    with pytest.raises(ValueError, match="logits row 1 has no allowed token"):
+        verify_greedy_tokens([3, None], [3])
+    with pytest.raises(ValueError, match="need len"):
+        verify_greedy_tokens([1, 2], [1, 2])
 
 
 # verify_rejection -----------------------------------------------------------------------------

@@ -43,11 +43,13 @@ from guidedec.engine.request import Request, RequestOutput
 from guidedec.engine.runner import ForwardInput
 from guidedec.engine.sampling import (
     SamplingParams,
+    greedy_token,
+    greedy_tokens,
     make_draft_generator,
     make_generator,
     processed_probs,
     sample,
-    verify_greedy,
+    verify_greedy_tokens,
     verify_rejection,
 )
 from guidedec.engine.scheduler import Scheduled, Scheduler
@@ -214,9 +216,10 @@ class EngineCore:
     def _advance(
         self, batch: list[Scheduled], logits: torch.Tensor, failures: dict[int, str]
     ) -> None:
+        best = greedy_tokens(logits)  # one pass over every row, for the greedy requests
         row = 0
         for s in batch:
-            rows, row = logits[row : row + s.num_logits], row + s.num_logits
+            rows, row = slice(row, row + s.num_logits), row + s.num_logits
             req = s.request
             req.num_accepted_drafts = 0
             if req.request_id in failures:
@@ -224,19 +227,26 @@ class EngineCore:
             elif s.is_prefill:
                 req.num_computed += len(s.token_ids)
                 if s.is_last_chunk:
-                    self._append(req, sample(rows, [req.params], [req.generator]))
+                    self._append(req, [self._sample(req, logits[rows], best[rows])])
                     req.metrics.first_token = time.perf_counter()
             else:
-                self._verify(req, s, rows)
+                self._verify(req, s, logits[rows], best[rows])
             req.generation_only_first = False
 
-    def _verify(self, req: Request, s: Scheduled, rows: torch.Tensor) -> None:
+    def _sample(self, req: Request, rows: torch.Tensor, best: list[int | None]) -> int:
+        """The next token from the last of ``rows``, whose greedy tokens are ``best``."""
+        if req.params.is_greedy:
+            return greedy_token(best, len(best) - 1)
+        return sample(rows[-1:], [req.params], [req.generator])[0]
+
+    def _verify(
+        self, req: Request, s: Scheduled, rows: torch.Tensor, best: list[int | None]
+    ) -> None:
         drafts = s.token_ids[1:]
-        if req.params.is_greedy or not drafts:
-            if drafts:
-                accepted, token = verify_greedy(rows, drafts)
-            else:
-                accepted, token = 0, sample(rows, [req.params], [req.generator])[0]
+        if not drafts:
+            accepted, token = 0, self._sample(req, rows, best)
+        elif req.params.is_greedy:
+            accepted, token = verify_greedy_tokens(best, drafts)
         else:
             assert req.generator is not None
             probs = processed_probs(rows, req.params)

@@ -229,6 +229,46 @@ def sample(
     return tokens
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
+    """Per row of ``logits`` [n, V], the greedy token (``torch.max``: ties take the lowest id),
+    or None where the row's largest logit is not finite: a NaN, a +inf, or every logit at -inf.
+
+    One pass over the rows, which both picks and checks: ``max`` propagates NaN, so a finite
+    maximum means the row holds no NaN or +inf and allows a token.
+    """
+    if logits.dim() != 2 or not logits.is_floating_point() or logits.shape[1] == 0:
+        shape = tuple(logits.shape)
+        raise ValueError(f"logits must be a float tensor [n, V >= 1], got {logits.dtype} {shape}")
+    if logits.shape[0] == 0:
+        return []
+    values, indices = logits.max(dim=-1)
+    return [
+        token if math.isfinite(value) else None
+        for value, token in zip(values.tolist(), indices.tolist(), strict=True)
+    ]
+
+
+def greedy_token(best: Sequence[int | None], row: int) -> int:
+    """``best[row]`` from :func:`greedy_tokens`; ValueError naming the row if it is None."""
+    token = best[row]
+    if token is None:
+        raise ValueError(
+            f"logits row {row} has no allowed token (every logit is -inf) or a NaN / +inf"
+        )
+    return token
+
+
+def verify_greedy_tokens(best: Sequence[int | None], drafts: Sequence[int]) -> tuple[int, int]:
+    """:func:`verify_greedy` from the rows' greedy tokens (:func:`greedy_tokens` of the
+    ``len(drafts) + 1`` target rows); a row that is read and is None raises ValueError."""
+    if len(best) != len(drafts) + 1:
+        raise ValueError(f"need len(drafts) + 1 = {len(drafts) + 1} rows, got {len(best)}")
+    num_accepted = 0
+    while num_accepted < len(drafts) and greedy_token(best, num_accepted) == drafts[num_accepted]:
+        num_accepted += 1
+    return num_accepted, greedy_token(best, num_accepted)
+
+
 def verify_greedy(target_logits: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:
     """Greedy verification of ``drafts`` against ``target_logits`` [len(drafts) + 1, V].
 

@@ -24,7 +24,7 @@ def test_bench_apply_runs_the_apply_benchmark(capsys: pytest.CaptureFixture[str]
             "decoder",
             ["--backends", "xgrammar", "--batches", "1", "--drafts", "0", "--repeats", "2"],
         ),
-        ("e2e", ["--batches", "1", "--tokens", "3", "--repeats", "1"]),
+        ("e2e", ["--batches", "1", "--tokens", "3", "--repeats", "1", "--rss-batch", "2"]),
         ("fill", ["--backends", "llguidance", "--batches", "4", "--repeats", "1"]),
     ],
 )

@@ -40,7 +40,7 @@ from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.prompts import TokenizedPrompt
 from guidedec.engine.request import Request, RequestOutput
-from guidedec.engine.runner import ForwardInput
+from guidedec.engine.runner import ForwardInput, SlotRunner
 from guidedec.engine.sampling import (
     SamplingParams,
     greedy_token,
@@ -87,7 +87,8 @@ class EngineCore:
         self.factory = create_grammar_matcher_factory(config)
         self.cuda_graphs = cuda_graphs
         self.graphs: DecodeGraphs | None = None
-        self.runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
+        runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
+        self.runner: SlotRunner = runner
         capturable = cuda_graphs and speculator is None
         self.decoder = (CapturableGuidedDecoder if capturable else GuidedDecoder)(
             config=config,
@@ -98,7 +99,7 @@ class EngineCore:
             factory=self.factory,
         )
         if cuda_graphs and isinstance(self.decoder, CapturableGuidedDecoder):
-            self.graphs = DecodeGraphs(self.runner, self.decoder)
+            self.graphs = DecodeGraphs(runner, self.decoder)
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
         self.grammars = GrammarPool(self.factory, timeout_s=compile_timeout_s)
         self.speculator = speculator

@@ -218,6 +218,7 @@ class EngineCore:
         self, batch: list[Scheduled], logits: torch.Tensor, failures: dict[int, str]
     ) -> None:
         best = greedy_tokens(logits)  # one pass over every row, for the greedy requests
+        drawn = self._draw(batch, logits, failures)  # the sampling requests, in one pass
         row = 0
         for s in batch:
             rows, row = slice(row, row + s.num_logits), row + s.num_logits
@@ -228,24 +229,46 @@ class EngineCore:
             elif s.is_prefill:
                 req.num_computed += len(s.token_ids)
                 if s.is_last_chunk:
-                    self._append(req, [self._sample(req, logits[rows], best[rows])])
+                    token = drawn.get(req.request_id)
+                    self._append(
+                        req, [greedy_token(best, rows.stop - 1) if token is None else token]
+                    )
                     req.metrics.first_token = time.perf_counter()
             else:
-                self._verify(req, s, logits[rows], best[rows])
+                self._verify(req, s, logits[rows], best[rows], drawn.get(req.request_id))
             req.generation_only_first = False
 
-    def _sample(self, req: Request, rows: torch.Tensor, best: list[int | None]) -> int:
-        """The next token from the last of ``rows``, whose greedy tokens are ``best``."""
-        if req.params.is_greedy:
-            return greedy_token(best, len(best) - 1)
-        return sample(rows[-1:], [req.params], [req.generator])[0]
+    def _draw(
+        self, batch: list[Scheduled], logits: torch.Tensor, failures: dict[int, str]
+    ) -> dict[int, int]:
+        """The sampled (not greedy) next token of every request that takes one from its last
+        row without verifying drafts, by request id: one :func:`sample` call for the step."""
+        rows, params, generators, ids = [], [], [], []
+        end = 0
+        for s in batch:
+            end += s.num_logits
+            req = s.request
+            takes_one = s.is_last_chunk if s.is_prefill else len(s.token_ids) == 1
+            if takes_one and not req.params.is_greedy and req.request_id not in failures:
+                rows.append(end - 1)
+                params.append(req.params)
+                generators.append(req.generator)
+                ids.append(req.request_id)
+        if not rows:
+            return {}
+        return dict(zip(ids, sample(logits[rows], params, generators), strict=True))
 
     def _verify(
-        self, req: Request, s: Scheduled, rows: torch.Tensor, best: list[int | None]
+        self,
+        req: Request,
+        s: Scheduled,
+        rows: torch.Tensor,
+        best: list[int | None],
+        drawn: int | None,
     ) -> None:
         drafts = s.token_ids[1:]
         if not drafts:
-            accepted, token = 0, self._sample(req, rows, best)
+            accepted, token = 0, greedy_token(best, len(best) - 1) if drawn is None else drawn
         elif req.params.is_greedy:
             accepted, token = verify_greedy_tokens(best, drafts)
         else:

@@ -21,6 +21,7 @@ from guidedec import (
     TokenizerInfo,
     create_grammar_matcher_factory,
 )
+from guidedec.engine.model import TINY_RANDOM, LoadedModel, load_model
 from guidedec.grammar.auto import AutoMatcherFactory
 
 BACKENDS = ("xgrammar", "llguidance", "auto")
@@ -86,6 +87,18 @@ def make_factory(tokenizer: TokenizerInfo) -> Callable[..., GrammarMatcherFactor
         return _factories[key]
 
     return make
+
+
+@pytest.fixture(scope="module", params=["float32", "float64"])
+def model(request: pytest.FixtureRequest) -> LoadedModel:
+    """tiny-random in float32 and in float64 (the runners' equivalence tests)."""
+    return load_model(TINY_RANDOM, dtype=request.param)
+
+
+@pytest.fixture(scope="module")
+def model64() -> LoadedModel:
+    """tiny-random in float64."""
+    return load_model(TINY_RANDOM, dtype="float64")
 
 
 @pytest.fixture(params=BACKENDS)

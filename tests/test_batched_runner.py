@@ -27,16 +27,6 @@ SLOTS = 4
 ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
-@pytest.fixture(scope="module", params=["float32", "float64"])
-def model(request: pytest.FixtureRequest) -> LoadedModel:
-    return load_model(TINY_RANDOM, dtype=request.param)
-
-
-@pytest.fixture(scope="module")
-def model64() -> LoadedModel:
-    return load_model(TINY_RANDOM, dtype="float64")
-
-
 def _step_inputs(rng: random.Random, lengths: list[int]) -> list[ForwardInput]:
     """A step over a random subset of slots: empty slots join with a prompt chunk, others feed
     one token (decode), a verification chunk (1 + k tokens, k + 1 logits) or a prefill chunk."""

@@ -53,16 +53,6 @@ JSON = GuidedDecodingParams(json_schema=SCHEMA)
 ATOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
-@pytest.fixture(scope="module", params=["float32", "float64"])
-def model(request: pytest.FixtureRequest) -> LoadedModel:
-    return load_model(TINY_RANDOM, dtype=request.param)
-
-
-@pytest.fixture(scope="module")
-def model64() -> LoadedModel:
-    return load_model(TINY_RANDOM, dtype="float64")
-
-
 def _feed(
     runner: SlotRunner, slot: int, tokens: Sequence[int], num_logits: int = 1
 ) -> torch.Tensor:

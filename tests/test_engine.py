@@ -177,7 +177,11 @@ def test_requests_joining_mid_flight_equal_the_same_requests_alone(f64: dict[str
 
 
 def test_abort_frees_the_slot_and_the_matcher(llm: LLM) -> None:
-    params = SamplingParams(max_tokens=200, guided_decoding=GUIDES["json_object"])
+    # At least 300 items of two characters or more: no request can end while the test waits.
+    long_array = {"type": "array", "items": {"type": "integer"}, "minItems": 300}
+    params = SamplingParams(
+        max_tokens=200, guided_decoding=GuidedDecodingParams(json_schema=long_array)
+    )
     ids = [llm.add_request(PROMPTS[i % 4], params) for i in range(5)]
     for _ in range(20):  # requests start as their grammars compile (one step or more each)
         if len(llm.scheduler.running) == 4:

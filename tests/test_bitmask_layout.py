@@ -209,3 +209,15 @@ def test_mixed_density_bitmask_cycles_row_densities() -> None:
     allowed = bitmask_to_bool_mask(bitmask, 64)
     assert allowed.all(dim=1).tolist() == [False, True, False, True]
     assert (~allowed).all(dim=1).tolist() == [True, False, True, False]
+
+
+@pytest.mark.parametrize("token", [None, 0, 511, 512, 1023, 1999])
+def test_host_row_checker_finds_a_token_past_its_probe(token: int | None) -> None:
+    """The checker looks at the first words before the whole row: a row allowing one token
+    anywhere, inside or past those words, is valid; an empty one is not."""
+    allowed = torch.zeros(2, 2000, dtype=torch.bool)
+    if token is not None:
+        allowed[1, token] = True
+    check = HostRowChecker(bool_mask_to_bitmask(allowed), 2000)
+    assert check(0) is False
+    assert check(1) is (token is not None)

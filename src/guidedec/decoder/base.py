@@ -26,6 +26,7 @@ from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
 Failure = tuple[int, str]
+DEAD_END = "reached a grammar state that allows no token (dead end)"
 
 
 class RequestError(GuidedecError):
@@ -162,12 +163,14 @@ class BaseGuidedDecoder:
                 f"{self.max_num_rows} (max_num_sequences * (max_num_draft_tokens + 1))"
             )
         slots: set[int] = set()
+        limit = self.max_num_sequences
         for req in batch.requests:
-            if not 0 <= req.seq_slot < self.max_num_sequences:
-                raise ValueError(f"request {req.request_id}: seq_slot {req.seq_slot} out of range")
-            if req.guided_decoding_params is not None and req.seq_slot in slots:
-                raise ValueError(f"request {req.request_id}: seq_slot {req.seq_slot} used twice")
-            slots.add(req.seq_slot)
+            slot = req.seq_slot
+            if not 0 <= slot < limit:
+                raise ValueError(f"request {req.request_id}: seq_slot {slot} out of range")
+            if slot in slots and req.guided_decoding_params is not None:
+                raise ValueError(f"request {req.request_id}: seq_slot {slot} used twice")
+            slots.add(slot)
         self.requests = batch
 
     def init_disagg_gen_requests(self) -> list[Failure]:
@@ -212,29 +215,53 @@ class BaseGuidedDecoder:
         return failures
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:
-        """Advance each request's matcher, then fill rows in waves: the new-token rows of every
-        request in one batch fill, then each request advances by its next draft token and the
-        next wave fills the rows after them. Per request this is the same sequence of matcher
-        calls as filling its rows one after another, which is what a wave too small for a
-        parallel fill does."""
-        self._token_mask_np[:] = 0  # also past the batch: a padded graph applies fixed rows
+        """Advance each request's matcher and fill its rows.
+
+        When no wave could be large enough for a parallel fill (the common case, kept lean),
+        each request is filled as soon as it has advanced, through all its rows. Otherwise rows
+        are filled in waves: the new-token rows of every request in one batch fill, then each
+        request advances by its next draft token and the next wave fills the rows after them.
+        Per request both are the same sequence of matcher calls.
+        """
+        token_mask = self._token_mask_np
+        token_mask.fill(0)  # also past the batch: a padded graph applies fixed rows
         failures: list[Failure] = []
+        eager = self._filler.one_by_one(len(batch.requests))
         wave: list[_RowFill] = []
-        draft_len = batch.num_draft_tokens
+        bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
+        row_is_valid, rows_filled = self._row_is_valid, 0
         for req, offset in zip(batch.requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
                 continue
             slot = req.seq_slot
-            self.num_advanced_tokens[slot] = 0
-            self.num_guided_tokens[slot] = 0
+            self.num_advanced_tokens[slot] = self.num_guided_tokens[slot] = 0
             drafts = () if req.is_draft else req.draft_tokens[:draft_len]
             try:
-                matcher = self._start_request(req, drafts)
+                if req.is_generation_in_progress_state and not (
+                    req.is_draft or req.is_generation_only_first_iteration
+                ):
+                    matcher = self._start_generation(req, len(drafts))
+                else:
+                    matcher = self._start_request(req, drafts)
+                if matcher is None:
+                    continue
+                if not eager:
+                    wave.append(_RowFill(req, matcher, offset, drafts))
+                elif drafts:
+                    self._fill_request(req, matcher, offset, drafts)
+                else:  # one row: what _fill_request does, inline
+                    matcher.fill_next_token_bitmask(bitmask, offset)
+                    if row_is_valid(offset):
+                        token_mask[offset] = 1
+                        self.num_guided_tokens[slot] = 1
+                        rows_filled += 1
+                    elif req.is_draft:
+                        self.is_draft_terminated[slot] = True
+                    else:
+                        raise RequestError(DEAD_END)
             except REQUEST_ERRORS as exc:
                 self._fail(req, exc, failures)
-                continue
-            if matcher is not None:
-                wave.append(_RowFill(req, matcher, offset, drafts))
+        self.stats.rows_filled += rows_filled
         while wave:
             wave = self._fill_wave(wave, failures)
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
@@ -278,6 +305,24 @@ class BaseGuidedDecoder:
             self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
         return None if matcher.is_terminated() else matcher
 
+    def _start_generation(self, req: GuidedRequest, num_drafts: int) -> GrammarMatcher | None:
+        """:meth:`_start_request` for a target request in generation (most requests of most
+        steps): its matcher exists and advances by ``new_token``."""
+        slot = req.seq_slot
+        matcher = self.grammar_matchers[slot]
+        if matcher is None:
+            raise RequestError("has no grammar matcher (an earlier step failed)")
+        self._num_verifiable_tokens[slot] = 1 + num_drafts
+        token = req.new_token
+        if token is None:
+            raise RequestError("is generating but carries no new_token")
+        if not matcher.accept_token(token):
+            if matcher.is_terminated():
+                return None  # accepted a stop token already: see _start_request
+            raise RequestError(f"sampled token {token} is rejected by its grammar")
+        self.num_advanced_tokens[slot] = 1
+        return None if matcher.is_terminated() else matcher
+
     def _advance(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
         """Feed ``new_token``; False when a draft request's guiding stops here (nothing to roll
         back: a rejected token leaves the matcher unchanged)."""
@@ -304,7 +349,7 @@ class BaseGuidedDecoder:
         if self._filler.one_by_one(len(wave)):
             for item in wave:
                 try:
-                    self._fill_rows(item)
+                    self._fill_request(item.req, item.matcher, item.row, item.drafts, item.position)
                 except REQUEST_ERRORS as exc:
                     self._fail(item.req, exc, failures)
             return next_wave
@@ -321,12 +366,42 @@ class BaseGuidedDecoder:
                 self._fail(item.req, exc, failures)
         return next_wave
 
-    def _fill_rows(self, item: _RowFill) -> None:
-        """Fill one request's rows one after another: the new token's, then each draft's."""
-        fill, bitmask = item.matcher.fill_next_token_bitmask, self.bitmask_host
-        fill(bitmask, item.row)
-        while self._after_fill(item):
-            fill(bitmask, item.row)
+    def _fill_request(
+        self,
+        req: GuidedRequest,
+        matcher: GrammarMatcher,
+        row: int,
+        drafts: tuple[int, ...],
+        start: int = 0,
+    ) -> None:
+        """Fill one request's rows one after another from position ``start`` (row ``row``): the
+        new token's row is position 0, then one after each draft token. The same checks as
+        :meth:`_after_fill`, in one loop."""
+        slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_np
+        fill, row_is_valid = matcher.fill_next_token_bitmask, self._row_is_valid
+        guided = 0
+        for position in range(start, len(drafts) + 1):
+            fill(bitmask, row)
+            if not row_is_valid(row):
+                if position > 0:
+                    break
+                if req.is_draft:
+                    self.is_draft_terminated[slot] = True
+                    return
+                raise RequestError(DEAD_END)
+            mask[row] = 1
+            guided += 1
+            if position == len(drafts):
+                break
+            if not matcher.accept_token(drafts[position]):
+                self._num_verifiable_tokens[slot] = position + 1
+                break
+            self.num_advanced_tokens[slot] += 1
+            if matcher.is_terminated():
+                break
+            row += 1
+        self.num_guided_tokens[slot] += guided
+        self.stats.rows_filled += self.num_guided_tokens[slot]
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))
@@ -346,7 +421,7 @@ class BaseGuidedDecoder:
         if not self._row_is_valid(row):
             if item.position == 0:
                 if not req.is_draft:
-                    raise RequestError("reached a grammar state that allows no token (dead end)")
+                    raise RequestError(DEAD_END)
                 self.is_draft_terminated[slot] = True
             self.stats.rows_filled += self.num_guided_tokens[slot]
             return False

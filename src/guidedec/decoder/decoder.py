@@ -188,15 +188,19 @@ class GuidedDecoder(BaseGuidedDecoder):
             self.num_advanced_tokens[slot] = 0
             if advanced <= 0:
                 continue
+            matcher = self.grammar_matchers[slot]
             try:
-                self._rollback_to_accepted(slot, advanced, count)
+                if not 1 <= count <= self._num_verifiable_tokens[slot] or matcher is None:
+                    raise self._rollback_error(slot, advanced, count)
+                if count < advanced:
+                    matcher.rollback(advanced - count)
             except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)
         return failures
 
-    def _rollback_to_accepted(self, slot: int, advanced: int, count: int) -> None:
-        """Undo the advances past the ``count`` accepted tokens.
+    def _rollback_error(self, slot: int, advanced: int, count: int) -> RequestError:
+        """Why the advances past ``count`` accepted tokens cannot be undone.
 
         ``count`` is clamped to ``advanced``: verification may accept tokens past a position where
         the matcher stopped advancing (a stop token inside the drafts, a dead-end row); those
@@ -204,16 +208,13 @@ class GuidedDecoder(BaseGuidedDecoder):
         through, so a larger count (a rollback that would be negative) is a bookkeeping error.
         """
         verifiable = self._num_verifiable_tokens[slot]
-        if not 1 <= count <= verifiable:
-            raise RequestError(
-                f"cannot roll back its grammar matcher: verification reports {count} accepted "
-                f"tokens (new token + drafts) but the matcher advanced {advanced} and its grammar "
-                f"allowed {verifiable}, so the rollback would be negative or undo the new token"
-            )
-        matcher = self.grammar_matchers[slot]
-        if matcher is None:
-            raise RequestError("has no grammar matcher (an earlier step failed)")
-        matcher.rollback(advanced - min(count, advanced))
+        if 1 <= count <= verifiable:
+            return RequestError("has no grammar matcher (an earlier step failed)")
+        return RequestError(
+            f"cannot roll back its grammar matcher: verification reports {count} accepted "
+            f"tokens (new token + drafts) but the matcher advanced {advanced} and its grammar "
+            f"allowed {verifiable}, so the rollback would be negative or undo the new token"
+        )
 
 
 def _int_list(values: TokenCounts, length: int, name: str) -> list[int]:

@@ -15,10 +15,13 @@ def _cuda_present() -> bool:
     return torch.cuda.is_available()
 
 
+_NO_RANGE = contextlib.nullcontext()  # reusable: it holds no state
+
+
 def nvtx_range(name: str) -> contextlib.AbstractContextManager[None]:
     """An NVTX range named ``name`` when CUDA is available, else a no-op context."""
     if not _cuda_present():
-        return contextlib.nullcontext()
+        return _NO_RANGE
     return _pushed_range(name)
 
 

@@ -144,11 +144,11 @@ class GuidedRequests:
     num_bitmask_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.offsets = []
-        total = 0
-        for req in self.requests:
-            self.offsets.append(total)
-            total += self.rows_of(req)
+        self.offsets = offsets = []
+        total, k = 0, self.num_draft_tokens
+        for req in self.requests:  # rows_of, inline: this runs for every request of every step
+            offsets.append(total)
+            total += 1 if req.is_draft else 1 + min(len(req.draft_tokens), k)
         self.num_bitmask_tokens = total
 
     def rows_of(self, req: GuidedRequest) -> int:

@@ -77,7 +77,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         return False
 
     def rollback(self, num_tokens: int) -> None:
-        check_rollback(num_tokens, self._num_accepted)
+        if not 0 <= num_tokens <= self._num_accepted:
+            check_rollback(num_tokens, self._num_accepted)
         if num_tokens == 0:
             return
         self._num_accepted -= num_tokens

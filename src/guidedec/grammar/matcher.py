@@ -20,7 +20,8 @@ class GrammarMatcher(ABC):
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
-        """Advance by one token. Returns False (state unchanged) if the grammar rejects it."""
+        """Advance by one token. Returns False (state unchanged) if the grammar rejects it, and
+        always once terminated."""
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:

@@ -62,7 +62,8 @@ class XGrammarMatcher(GrammarMatcher):
         return True
 
     def rollback(self, num_tokens: int) -> None:
-        check_rollback(num_tokens, self._num_accepted)
+        if not 0 <= num_tokens <= self._num_accepted:
+            check_rollback(num_tokens, self._num_accepted)
         if num_tokens > 0:
             self._matcher.rollback(num_tokens)
             self._num_accepted -= num_tokens

@@ -13,6 +13,7 @@ import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.engine.batched_runner import BatchedModelRunner
+from guidedec.engine.core import EngineCore
 from guidedec.engine.runner import ModelRunner
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
@@ -156,3 +157,25 @@ def test_faults_in_a_batched_step_finish_only_their_own_request() -> None:
     assert done[fault_ids["compile"]].finish_reason == "grammar_error"
     assert done[fault_ids["abort"]].finish_reason == "abort"
     assert len(llm.scheduler.free_slots) == 3
+
+
+def test_sparse_rows_sample_the_tokens_of_masked_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampled guided rows that allow few tokens are drawn from their allowed logits alone: in
+    float64 the engine gives the tokens it gives when it masks and samples every full row."""
+    params = [
+        SamplingParams(max_tokens=24, temperature=t, seed=i, guided_decoding=g)
+        for i, (g, t) in enumerate(zip(GUIDES, [1.0, 0.7, 1.3, 1.0, 0.0, 1.0], strict=True))
+    ]
+    taken: list[int] = []
+    take = EngineCore._take_sparse_rows
+
+    def counting(self: EngineCore, *args: Any) -> dict[int, torch.Tensor]:
+        rows = take(self, *args)
+        taken.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(EngineCore, "_take_sparse_rows", counting)
+    actual = _run(_engine(), PROMPTS, params)
+    assert sum(taken) > 20  # the sparse path ran, on many rows
+    monkeypatch.setattr(EngineCore, "_take_sparse_rows", lambda *args: {})
+    assert _run(_engine(), PROMPTS, params) == actual

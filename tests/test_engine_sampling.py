@@ -501,3 +501,35 @@ def test_sample_rounding_never_lands_on_a_forbidden_token(
     logits = torch.tensor([[0.0, 1.0, -INF, -INF]]) if u else torch.tensor([[-INF, -INF, 0.0, 1.0]])
     params = SamplingParams(temperature=1.0)
     assert sample(logits, [params], [torch.Generator()]) == [expected]
+
+
+def test_sample_rows_reads_the_named_rows_in_their_order() -> None:
+    """``rows`` picks rows in place: the same tokens as sampling their copy, with the same
+    generators, and the rows not named are never read (nor checked)."""
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    logits[1] = -INF  # not named: no error
+    params = [SamplingParams(temperature=0.8), SamplingParams(), SamplingParams(temperature=1.3)]
+    rows = [4, 0, 2]
+
+    def generators() -> list[torch.Generator | None]:
+        return [torch.Generator().manual_seed(7), None, torch.Generator().manual_seed(9)]
+
+    expected = sample(logits[rows], params, generators())
+    assert sample(logits, params, generators(), rows=rows) == expected
+    assert expected[1] == int(logits[0].argmax())
+    with pytest.raises(ValueError, match="logits row 1 has no allowed token"):
+        sample(logits, params[:1], [None], rows=[1])
+    with pytest.raises(ValueError, match="outside the 5 rows"):
+        sample(logits, params[:1], generators()[:1], rows=[5])
+    with pytest.raises(ValueError, match="2 rows, 3 params"):
+        sample(logits, params, generators(), rows=[0, 2])
+
+
+def test_sample_names_a_row_with_nan_or_inf() -> None:
+    logits = torch.zeros(3, 4)
+    logits[2, 1] = math.nan
+    with pytest.raises(ValueError, match="row 2 contains NaN"):
+        sample(logits, [SamplingParams(temperature=1.0)] * 3, [torch.Generator()] * 3)
+    logits[2, 1] = INF
+    with pytest.raises(ValueError, match="row 2 contains NaN or \\+inf"):
+        sample(logits, [SamplingParams()] * 3, [None] * 3)

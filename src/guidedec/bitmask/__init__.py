@@ -9,6 +9,7 @@ from guidedec.bitmask.layout import (
     row_has_valid_token,
 )
 from guidedec.bitmask.sharding import VocabShard, apply_bitmask_sharded, vocab_shard
+from guidedec.bitmask.sparse import sparse_allowed_tokens
 
 __all__ = [
     "BITMASK_DTYPE",
@@ -19,5 +20,6 @@ __all__ = [
     "apply_bitmask_sharded",
     "bitmask_size",
     "row_has_valid_token",
+    "sparse_allowed_tokens",
     "vocab_shard",
 ]

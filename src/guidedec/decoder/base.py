@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from guidedec.bitmask import HostRowChecker, allocate_bitmask, apply_bitmask_sharded
+from guidedec.bitmask import (
+    HostRowChecker,
+    allocate_bitmask,
+    apply_bitmask_sharded,
+    sparse_allowed_tokens,
+)
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.streams import StepSync
@@ -438,6 +443,20 @@ class BaseGuidedDecoder:
                 self._num_verifiable_tokens[slot] = position + 1
         self.stats.rows_filled += self.num_guided_tokens[slot]
         return False
+
+    def take_sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
+        """Hand over the masks of the given rows of this batch that the last build filled and
+        that allow at most ``max_allowed`` tokens, as their allowed token ids (int64, ascending),
+        by row; the copy and apply that follow leave those rows of the logits untouched.
+
+        For a caller that samples such rows from their allowed logits alone (see
+        :func:`guidedec.bitmask.sparse_allowed_tokens`); it then owns their masking.
+        """
+        filled = [row for row in rows if self._token_mask_np[row]]
+        taken = sparse_allowed_tokens(self.bitmask_host, filled, self.vocab_size, max_allowed)
+        for row in taken:
+            self._token_mask_np[row] = 0
+        return taken
 
     def fill_decisions(self) -> dict[tuple[str, int], str]:
         """How ``build`` fills each backend's rows by batch size, as far as ``fill_mode="auto"``

@@ -157,10 +157,11 @@ class EngineCore:
         if self.graphs is not None and is_decode_step(inputs):
             logits, failures, decoder = self._graph_step(batch, inputs, self.graphs)
             t1 = t2 = time.perf_counter()  # the guide ran inside the replay
+            sparse: dict[int, torch.Tensor] = {}
         else:
             decoder = self._guide(batch)
-            logits, failures, t1, t2 = self._eager_step(inputs, decoder)
-        self._advance(batch, logits, failures)
+            logits, failures, sparse, t1, t2 = self._eager_step(batch, inputs, decoder)
+        self._advance(batch, logits, failures, sparse)
         t3 = time.perf_counter()
         failures.update(self._speculate(batch, decoder))
         self._update_stats(t0, t1, t2, t3)
@@ -177,25 +178,45 @@ class EngineCore:
         return logits, dict(failures), decoder
 
     def _eager_step(
-        self, inputs: list[ForwardInput], decoder: GuidedDecoder | None
-    ) -> tuple[torch.Tensor, dict[int, str], float, float]:
+        self, batch: list[Scheduled], inputs: list[ForwardInput], decoder: GuidedDecoder | None
+    ) -> tuple[torch.Tensor, dict[int, str], dict[int, torch.Tensor], float, float]:
         """Forward, then build (or finish the overlapped build), copy and apply: the logits,
-        the failed requests, and the times the forward and the guide ended."""
+        the failed requests, the sparse rows left unmasked (see :meth:`_take_sparse_rows`), and
+        the times the forward and the guide ended."""
         pending = None
         if decoder is not None and self.overlap and self.model.device.type == "cpu":
             pending = self._builder.submit(_timed_build, decoder)
         logits = self.runner.forward(inputs)
         t1 = time.perf_counter()
         if decoder is None:
-            return logits, {}, t1, t1
+            return logits, {}, {}, t1, t1
         # On a CUDA device the forward above only enqueued its kernels: this build runs
         # while they do (the wait measured here is host time, an upper bound).
         build, build_s = pending.result() if pending else _timed_build(decoder)
         ready = time.perf_counter()
+        sparse = self._take_sparse_rows(batch, decoder, logits)
         decoder.copy_and_apply(logits)
         t2 = time.perf_counter()
         self._record_step(StepTimes(build_s, ready - t1, t2 - ready))
-        return logits, dict(build), t1, t2
+        return logits, dict(build), sparse, t1, t2
+
+    def _take_sparse_rows(
+        self, batch: list[Scheduled], decoder: GuidedDecoder, logits: torch.Tensor
+    ) -> dict[int, torch.Tensor]:
+        """The allowed token ids of the host rows that ``_draw`` samples and whose mask allows
+        few tokens (at most 1/32 of the vocabulary); these rows are not masked: the sampler
+        reads their allowed logits alone, skipping two passes over the full row (a structural
+        position of a JSON guide allows a handful of tokens out of 129,280)."""
+        if logits.device.type != "cpu":
+            return {}
+        rows, end = [], 0
+        for s in batch:
+            end += s.num_logits
+            if _draws_one(s):
+                rows.append(end - 1)
+        if not rows:
+            return {}
+        return decoder.take_sparse_rows(rows, max(1, self.tokenizer.vocab_size // 32))
 
     def _guide(self, batch: list[Scheduled], *, queued: bool = False) -> GuidedDecoder | None:
         """Snapshot the batch for the decoder; None when no request in it is guided.
@@ -215,10 +236,18 @@ class EngineCore:
         return self.decoder
 
     def _advance(
-        self, batch: list[Scheduled], logits: torch.Tensor, failures: dict[int, str]
+        self,
+        batch: list[Scheduled],
+        logits: torch.Tensor,
+        failures: dict[int, str],
+        sparse: dict[int, torch.Tensor],
     ) -> None:
-        best = greedy_tokens(logits)  # one pass over every row, for the greedy requests
-        drawn = self._draw(batch, logits, failures)  # the sampling requests, in one pass
+        # One pass over every row for the greedy requests; none when every request samples.
+        if any(s.request.params.is_greedy for s in batch):
+            best = greedy_tokens(logits)
+        else:
+            best = [None] * logits.shape[0]
+        drawn = self._draw(batch, logits, failures, sparse)  # the sampling requests
         row = 0
         for s in batch:
             rows, row = slice(row, row + s.num_logits), row + s.num_logits
@@ -239,24 +268,29 @@ class EngineCore:
             req.generation_only_first = False
 
     def _draw(
-        self, batch: list[Scheduled], logits: torch.Tensor, failures: dict[int, str]
+        self,
+        batch: list[Scheduled],
+        logits: torch.Tensor,
+        failures: dict[int, str],
+        sparse: dict[int, torch.Tensor],
     ) -> dict[int, int]:
         """The sampled (not greedy) next token of every request that takes one from its last
-        row without verifying drafts, by request id: one :func:`sample` call for the step."""
+        row without verifying drafts, by request id: one :func:`sample` call for the step,
+        ``sparse`` rows read at their allowed tokens only."""
         rows, params, generators, ids = [], [], [], []
         end = 0
         for s in batch:
             end += s.num_logits
             req = s.request
-            takes_one = s.is_last_chunk if s.is_prefill else len(s.token_ids) == 1
-            if takes_one and not req.params.is_greedy and req.request_id not in failures:
+            if _draws_one(s) and req.request_id not in failures:
                 rows.append(end - 1)
                 params.append(req.params)
                 generators.append(req.generator)
                 ids.append(req.request_id)
         if not rows:
             return {}
-        return dict(zip(ids, sample(logits[rows], params, generators), strict=True))
+        tokens = sample(logits, params, generators, rows=rows, allowed=sparse)
+        return dict(zip(ids, tokens, strict=True))
 
     def _verify(
         self,
@@ -390,6 +424,13 @@ def _timed_build(decoder: GuidedDecoder) -> tuple[list[tuple[int, str]], float]:
 def _slot(s: Scheduled) -> int:
     assert s.request.slot is not None
     return s.request.slot
+
+
+def _draws_one(s: Scheduled) -> bool:
+    """Whether the step samples (not greedy) one token from the request's last row, verifying
+    no drafts: its last prompt chunk, or a decode step without drafts."""
+    takes_one = s.is_last_chunk if s.is_prefill else len(s.token_ids) == 1
+    return takes_one and not s.request.params.is_greedy
 
 
 def _snapshot(s: Scheduled) -> GuidedRequest:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import operator
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import SupportsIndex
 
@@ -111,13 +111,21 @@ def make_draft_generator(
 _DRAFT_SEED_MIX = 0x9E3779B97F4A7C15  # any odd constant: keeps derived seeds distinct
 
 
-def _checked(logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` as float32/float64, checked: 2-D float [n, V] with V >= 1, no NaN or +inf,
-    and an allowed (not -inf) token in every row; ValueError otherwise."""
+def _check_shape(logits: torch.Tensor) -> None:
     if logits.dim() != 2 or not logits.is_floating_point() or logits.shape[1] == 0:
         shape = tuple(logits.shape)
         raise ValueError(f"logits must be a float tensor [n, V >= 1], got {logits.dtype} {shape}")
-    x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def _as_float(logits: torch.Tensor) -> torch.Tensor:
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def _checked(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` as float32/float64, checked: 2-D float [n, V] with V >= 1, no NaN or +inf,
+    and an allowed (not -inf) token in every row; ValueError otherwise."""
+    _check_shape(logits)
+    x = _as_float(logits)
     if x.shape[0] == 0:
         return x
     if not bool((x < math.inf).all()):
@@ -126,6 +134,14 @@ def _checked(logits: torch.Tensor) -> torch.Tensor:
     if dead:
         raise ValueError(f"logits rows {dead} have no allowed token (every logit is -inf)")
     return x
+
+
+def _check_peak(peak: float, row: int) -> None:
+    """A row's largest logit (``amax``, which propagates NaN) must be finite."""
+    if peak == -math.inf:
+        raise ValueError(f"logits row {row} has no allowed token (every logit is -inf)")
+    if not math.isfinite(peak):
+        raise ValueError(f"logits row {row} contains NaN or +inf")
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -145,12 +161,17 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return _processed(_checked(logits), params)
 
 
-def _processed(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """:func:`processed_probs` of already checked logits."""
+def _processed(
+    x: torch.Tensor, params: SamplingParams, peak: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`processed_probs` of already checked logits; ``peak`` is their row max [n, 1]
+    when the caller has it."""
     if params.is_greedy:
         return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+    if peak is None:
+        peak = x.amax(dim=-1, keepdim=True)
     # Subtracting the row max first keeps a tiny temperature from overflowing to inf / inf.
-    probs = torch.softmax((x - x.amax(dim=-1, keepdim=True)) / params.temperature, dim=-1)
+    probs = torch.softmax((x - peak) / params.temperature, dim=-1)
     if 0 < params.top_k < x.shape[-1]:
         kth = probs.topk(params.top_k, dim=-1).values[:, -1:]
         probs = _keep(probs, probs >= kth)
@@ -203,31 +224,52 @@ def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
+    *,
+    rows: Sequence[int] | None = None,
+    allowed: Mapping[int, torch.Tensor] | None = None,
 ) -> list[int]:
-    """One token per row of ``logits`` [n, V]: row i uses ``params[i]`` and ``generators[i]``.
+    """One token per row of ``logits`` [n, V] (or per row index of ``rows``, in that order):
+    the i-th uses ``params[i]`` and ``generators[i]``.
 
     Greedy rows take ``torch.argmax`` (ties: lowest id) and need no generator; the others draw
     one token from :func:`processed_probs` with their generator, consuming exactly one float64
-    uniform from it. The checks run once over all rows; the draws row by row, which keeps the
-    working set of a row (a few full-vocabulary vectors) in cache: batched over 32 rows of
-    129,280 tokens the same work ran 2x slower here, in page faults of its large temporaries.
+    uniform from it. Each row is read in place (no copy of the batch) and checked by the row
+    max its processing needs anyway; the draws go row by row, which keeps the working set of a
+    row (a few full-vocabulary vectors) in cache: batched over 32 rows of 129,280 tokens the
+    same work ran 2x slower here, in page faults of its large temporaries.
+
+    ``allowed`` maps a row to its allowed token ids (ascending; see
+    :func:`guidedec.bitmask.sparse_allowed_tokens`) where the row was left unmasked: the row is
+    processed over those logits alone, which is the distribution of the masked row (forbidden
+    tokens have probability 0 either way) up to float rounding in its normalisation, in work
+    proportional to the allowed tokens.
 
     Raises:
-        ValueError: lengths differ from n, a sampling row has no generator, or a row has every
-            logit at -inf (or a NaN / +inf).
+        ValueError: lengths differ, a sampling row has no generator, or a row has every logit
+            at -inf (or a NaN / +inf).
     """
-    x = _checked(logits)
-    if not len(params) == len(generators) == x.shape[0]:
-        raise ValueError(f"{x.shape[0]} rows, {len(params)} params, {len(generators)} generators")
-    greedy = x.argmax(dim=-1).tolist()
+    _check_shape(logits)
+    indices = range(logits.shape[0]) if rows is None else rows
+    if not len(params) == len(generators) == len(indices):
+        raise ValueError(f"{len(indices)} rows, {len(params)} params, {len(generators)} generators")
+    allowed = allowed or {}
     tokens = []
-    for i, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
+    for i, (row, row_params, generator) in enumerate(zip(indices, params, generators, strict=True)):
+        if not 0 <= row < logits.shape[0]:
+            raise ValueError(f"row {row} is outside the {logits.shape[0]} rows of logits")
+        ids = allowed.get(row)
+        if ids is not None and ids.numel() == 0:
+            raise ValueError(f"logits row {row} has no allowed token (an empty allowed set)")
+        x = _as_float(logits[row : row + 1] if ids is None else logits[row, ids].unsqueeze(0))
+        peak = x.amax(dim=-1, keepdim=True)
+        _check_peak(float(peak), row)
         if row_params.is_greedy:
-            tokens.append(greedy[i])
+            index = int(x.argmax())
         elif generator is None:
             raise ValueError(f"row {i} samples (temperature > 0) but has no generator")
         else:
-            tokens.append(_draw(_processed(x[i : i + 1], row_params)[0], generator))
+            index = _draw(_processed(x, row_params, peak)[0], generator)
+        tokens.append(index if ids is None else int(ids[index]))
     return tokens
 
 
@@ -238,9 +280,7 @@ def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
     One pass over the rows, which both picks and checks: ``max`` propagates NaN, so a finite
     maximum means the row holds no NaN or +inf and allows a token.
     """
-    if logits.dim() != 2 or not logits.is_floating_point() or logits.shape[1] == 0:
-        shape = tuple(logits.shape)
-        raise ValueError(f"logits must be a float tensor [n, V >= 1], got {logits.dtype} {shape}")
+    _check_shape(logits)
     if logits.shape[0] == 0:
         return []
     values, indices = logits.max(dim=-1)

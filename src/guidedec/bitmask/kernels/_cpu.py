@@ -65,7 +65,7 @@ def apply_bitmask_inplace(
     int_logits, neg_inf = _int_view(logits)
     int_array: LogitsArray = int_logits.numpy()  # shares memory and strides with logits
     num_columns = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
-    words = _covered_words(bitmask, num_columns)
+    words = covered_words(bitmask, num_columns)
     _mask_uncovered_columns(int_array, active, num_columns, neg_inf)
     plan = plan_rows(words, num_columns, active)
     _patch_rows(int_array, words, plan.patch, num_columns, neg_inf)
@@ -92,7 +92,7 @@ def plan_rows(words: WordArray, num_columns: int, active: BoolArray) -> RowPlan:
     restored when fewer columns are allowed than forbidden, patched otherwise (unless nothing
     is forbidden). Every other active row is dense.
     """
-    allowed = _count_allowed_bits(words, num_columns)
+    allowed = count_allowed_bits(words, num_columns)
     forbidden = num_columns - allowed
     sparse = active & (np.minimum(allowed, forbidden) * _SPARSE_DIVISOR <= num_columns)
     restore = sparse & (allowed < forbidden)
@@ -120,7 +120,7 @@ def _int_view(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     return logits.view(_INT_VIEW[logits.dtype]), _NEG_INF_BITS[logits.dtype]
 
 
-def _covered_words(bitmask: torch.Tensor, num_columns: int) -> WordArray:
+def covered_words(bitmask: torch.Tensor, num_columns: int) -> WordArray:
     """``[B, ceil(num_columns / 32)]`` C-contiguous little-endian words covering the columns."""
     num_words = -(-num_columns // BITS_PER_WORD)
     words = bitmask.numpy()[:, :num_words]
@@ -147,7 +147,7 @@ def _popcount(words: WordArray) -> npt.NDArray[np.integer[Any]]:
     return word_counts
 
 
-def _count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
+def count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
     """Allowed columns per row: set bits below ``num_columns`` (padding bits do not count)."""
     counts: IntArray = _popcount(words).sum(axis=1, dtype=np.int64)
     tail_bits = num_columns % BITS_PER_WORD
@@ -157,7 +157,7 @@ def _count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
     return counts
 
 
-def _bit_positions(
+def bit_positions(
     words: WordArray, rows: BoolArray, *, allowed: bool, num_columns: int
 ) -> tuple[IntArray, IntArray]:
     """(row, column) int64 arrays of the allowed (or forbidden) columns of the selected rows.
@@ -186,7 +186,7 @@ def _patch_rows(
     """Write -inf at the few forbidden columns of each selected row."""
     if not rows.any():
         return
-    index = _bit_positions(words, rows, allowed=False, num_columns=num_columns)
+    index = bit_positions(words, rows, allowed=False, num_columns=num_columns)
     int_array[index] = neg_inf
 
 
@@ -196,7 +196,7 @@ def _restore_rows(
     """Fill each selected row with -inf, keeping its few allowed logits."""
     if not rows.any():
         return
-    index = _bit_positions(words, rows, allowed=True, num_columns=num_columns)
+    index = bit_positions(words, rows, allowed=True, num_columns=num_columns)
     kept = int_array[index]
     for row in np.flatnonzero(rows).tolist():
         int_array[row].fill(neg_inf)

@@ -101,8 +101,10 @@ class LLGuidanceMatcher(GrammarMatcher):
         if not 0 <= index < self._num_rows:
             raise IndexError(f"bitmask row {index} out of range for {self._num_rows} rows")
         # What llguidance.torch.fill_next_token_bitmask does, without its per-call checks.
-        self._matcher.unsafe_compute_mask_ptr(base + index * self._row_bytes, self._row_bytes)
-        self._check_error()
+        matcher = self._matcher
+        matcher.unsafe_compute_mask_ptr(base + index * self._row_bytes, self._row_bytes)
+        if matcher.is_error():
+            self._check_error()
 
     def is_terminated(self) -> bool:
         return self._terminated

@@ -21,6 +21,7 @@ from guidedec.bitmask import (
     apply_bitmask_sharded,
     sparse_allowed_tokens,
 )
+from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.streams import StepSync
@@ -126,6 +127,7 @@ class BaseGuidedDecoder:
         self._disagg_init: dict[int, bool] = {}
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
+        self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
 
     @property
     def max_num_rows(self) -> int:
@@ -200,6 +202,7 @@ class BaseGuidedDecoder:
 
     def _create_matcher(self, req: GuidedRequest) -> None:
         assert req.guided_decoding_params is not None
+        self.closer.forget(req.seq_slot)
         self.grammar_matchers[req.seq_slot] = None
         self.grammar_matchers[req.seq_slot] = self.factory.create(req.guided_decoding_params)
 
@@ -239,12 +242,15 @@ class BaseGuidedDecoder:
         wave: list[_RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
+        closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
         for req, offset in zip(batch.requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
                 continue
             slot = req.seq_slot
             self.num_advanced_tokens[slot] = self.num_guided_tokens[slot] = 0
             drafts = () if req.is_draft else req.draft_tokens[:draft_len]
+            if req.tokens_left is not None and not drafts and not req.is_draft:
+                closing.append((req, offset))
             try:
                 if req.is_generation_in_progress_state and not (
                     req.is_draft or req.is_generation_only_first_iteration
@@ -273,9 +279,23 @@ class BaseGuidedDecoder:
         self.stats.rows_filled += rows_filled
         while wave:
             wave = self._fill_wave(wave, failures)
+        if closing:
+            self._close(closing)
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
             self._disagg_init.clear()
         return failures
+
+    def _close(self, requests: list[tuple[GuidedRequest, int]]) -> None:
+        """Budget-aware closing of the filled one-row requests that carry ``tokens_left``."""
+        words = self.bitmask_host.numpy()
+        for req, row in requests:
+            matcher = self.grammar_matchers[req.seq_slot]
+            if matcher is None or not self._token_mask_np[row] or matcher.is_terminated():
+                continue
+            try:
+                self.closer.close(req, matcher, words[row])
+            except REQUEST_ERRORS:  # the search only reads: a failing backend call ends it
+                self.closer.forget(req.seq_slot)
 
     def _start_request(self, req: GuidedRequest, drafts: tuple[int, ...]) -> GrammarMatcher | None:
         """Create or advance the request's matcher; returns it when its new-token row is to be
@@ -470,6 +490,7 @@ class BaseGuidedDecoder:
     def release_slot(self, seq_slot: int) -> None:
         """Drop the grammar state of a finished or aborted request's slot."""
         self.grammar_matchers[seq_slot] = None
+        self.closer.forget(seq_slot)
         self.num_advanced_tokens[seq_slot] = 0
         self.num_guided_tokens[seq_slot] = 0
         self.num_advanced_draft_tokens[seq_slot] = 0
@@ -478,6 +499,7 @@ class BaseGuidedDecoder:
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""
         slot = req.seq_slot
+        self.closer.forget(slot)
         self.grammar_matchers[slot] = None
         self.num_advanced_tokens[slot] = 0
         self.num_guided_tokens[slot] = 0

@@ -194,6 +194,7 @@ class GuidedDecoder(BaseGuidedDecoder):
                     raise self._rollback_error(slot, advanced, count)
                 if count < advanced:
                     matcher.rollback(advanced - count)
+                    self.closer.forget(slot)
             except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)

@@ -34,6 +34,9 @@ class GuidedRequest:
         is_draft: The request belongs to a drafting loop (speculative decoding).
         draft_tokens: Draft tokens proposed for verification in this step.
         num_accepted_draft_tokens: Draft tokens the target accepted in the previous step.
+        tokens_left: The tokens the request may still emit, the one sampled from this row
+            included (``max_tokens`` or the context, whichever ends first), for budget-aware
+            closing (see :mod:`guidedec.decoder.closing`); None: no closing.
     """
 
     guided_decoding_params: GuidedDecodingParams | None
@@ -48,6 +51,7 @@ class GuidedRequest:
     is_draft: bool = False
     draft_tokens: tuple[int, ...] = ()
     num_accepted_draft_tokens: int = 0
+    tokens_left: int | None = None
 
     @classmethod
     def context(
@@ -57,6 +61,7 @@ class GuidedRequest:
         request_id: int,
         seq_slot: int,
         is_last_context_chunk: bool = True,
+        tokens_left: int | None = None,
     ) -> GuidedRequest:
         """A request in its prefill phase (by default its last prompt chunk)."""
         return cls(
@@ -65,6 +70,7 @@ class GuidedRequest:
             seq_slot,
             is_context_init_state=True,
             is_last_context_chunk=is_last_context_chunk,
+            tokens_left=tokens_left,
         )
 
     @classmethod
@@ -78,6 +84,7 @@ class GuidedRequest:
         draft_tokens: Sequence[int] = (),
         num_accepted_draft_tokens: int = 0,
         is_generation_only_first_iteration: bool = False,
+        tokens_left: int | None = None,
     ) -> GuidedRequest:
         """A generating request whose previous step sampled ``new_token``.
 
@@ -93,6 +100,7 @@ class GuidedRequest:
             new_token=new_token,
             draft_tokens=tuple(draft_tokens),
             num_accepted_draft_tokens=num_accepted_draft_tokens,
+            tokens_left=tokens_left,
         )
 
     def as_draft(self, new_token: int, num_accepted_draft_tokens: int = 0) -> GuidedRequest:
@@ -104,6 +112,7 @@ class GuidedRequest:
             new_token=new_token,
             draft_tokens=(),
             num_accepted_draft_tokens=num_accepted_draft_tokens,
+            tokens_left=None,
         )
 
     def require_matcher_init(self) -> bool:

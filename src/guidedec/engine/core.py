@@ -228,7 +228,7 @@ class EngineCore:
         """
         if all(s.request.params.guided_decoding is None for s in batch):
             return None
-        snapshots = [_snapshot(s) for s in batch]
+        snapshots = [_snapshot(s, self.max_model_len) for s in batch]
         if queued:
             self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
         else:
@@ -362,12 +362,26 @@ class EngineCore:
         return request.request_id
 
     def _release(self, request: Request) -> None:
+        if request.finish_reason == "length" and request.params.guided_decoding is not None:
+            request.incomplete = self._incomplete_note(request)
         slot = self.scheduler.remove(request)
         if slot is not None:
             self.runner.free(slot)
             self.decoder.release_slot(slot)
             if self.speculator is not None:
                 self.speculator.free(slot)
+
+    def _incomplete_note(self, request: Request) -> str:
+        """Why a guided output ended ``length`` with its guide not complete."""
+        left = f"{request.params.max_tokens} tokens (max_tokens)"
+        if len(request.all_token_ids) >= self.max_model_len:
+            left = f"the model's context of {self.max_model_len} tokens"
+        if not request.params.close_within_budget:
+            return f"the output is incomplete: it reached {left} with closing off"
+        return (
+            f"the output is incomplete: no completion of its guide fitted in what was left of "
+            f"{left}"
+        )
 
     def _finalize(self, request: Request) -> RequestOutput:
         self._requests.pop(request.request_id, None)
@@ -433,16 +447,18 @@ def _draws_one(s: Scheduled) -> bool:
     return takes_one and not s.request.params.is_greedy
 
 
-def _snapshot(s: Scheduled) -> GuidedRequest:
+def _snapshot(s: Scheduled, max_model_len: int) -> GuidedRequest:
     req = s.request
     assert req.slot is not None
     params = req.params.guided_decoding
+    left = req.tokens_left(max_model_len) if req.params.close_within_budget else None
     if s.is_prefill:
         return GuidedRequest.context(
             params,
             request_id=req.request_id,
             seq_slot=req.slot,
             is_last_context_chunk=s.is_last_chunk,
+            tokens_left=left,
         )
     return GuidedRequest.generation(
         params,
@@ -451,4 +467,5 @@ def _snapshot(s: Scheduled) -> GuidedRequest:
         new_token=s.token_ids[0],
         draft_tokens=s.token_ids[1:],
         is_generation_only_first_iteration=req.generation_only_first,
+        tokens_left=left,
     )

@@ -49,6 +49,8 @@ class RequestOutput:
             does not compile, its compilation timed out, or decoding reached a dead end) or
             ``"abort"``.
         error: What went wrong, for ``grammar_error``; None otherwise.
+        incomplete: For a guided output that ended ``length`` before its guide was complete,
+            why: no completion fitted the tokens left, or closing was off. None otherwise.
         metrics: Timings.
     """
 
@@ -60,6 +62,7 @@ class RequestOutput:
     finish_reason: FinishReason
     error: str | None
     metrics: RequestMetrics
+    incomplete: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -88,11 +91,19 @@ class Request:
     handoff_cache: KVState | None = None  # a prefilled KV cache to load into its slot
     finish_reason: FinishReason | None = None
     error: str | None = None
+    incomplete: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def tokens_left(self, max_model_len: int) -> int:
+        """The tokens it may still emit: up to ``max_tokens``, within the model's context."""
+        return min(
+            self.params.max_tokens - len(self.output_token_ids),
+            max_model_len - len(self.prompt_token_ids) - len(self.output_token_ids),
+        )
 
     @property
     def in_prefill(self) -> bool:
@@ -117,4 +128,5 @@ class Request:
             finish_reason=self.finish_reason,
             error=self.error,
             metrics=self.metrics,
+            incomplete=self.incomplete,
         )

@@ -34,6 +34,11 @@ class SamplingParams:
             output still ends only where its grammar allows a stop token, so extra stop ids
             there matter only if the grammar lets them through.
         guided_decoding: The guide the output must follow, if any.
+        close_within_budget: For a guided request (default True): near the end of its budget
+            (``max_tokens`` or the model's context), steer the output to a completion of its
+            guide that fits, so that it ends complete and valid rather than cut short (see
+            :mod:`guidedec.decoder.closing`). An output that finishes well inside its budget is
+            unchanged. False: outputs are cut at the budget, as in other engines.
 
     Raises:
         ValueError: naming the first parameter that is out of range.
@@ -46,6 +51,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: Sequence[int] | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    close_within_budget: bool = True
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)

@@ -24,8 +24,26 @@ Failure = tuple[int, str]
 DRAFT_PREFIX = "draft:"
 
 
-def draft_budget(request: Request, num_draft_tokens: int, max_model_len: int) -> int:
-    """Draft tokens worth proposing: never past ``max_tokens`` or the model's context."""
+def draft_budget(
+    request: Request,
+    num_draft_tokens: int,
+    max_model_len: int,
+    decoder: GuidedDecoder | None = None,
+) -> int:
+    """Draft tokens worth proposing: never past ``max_tokens`` or the model's context, and none
+    where budget-aware closing may act on the coming rows (see
+    :meth:`guidedec.decoder.closing.BudgetCloser.acts_within`)."""
+    params = request.params
+    if (
+        decoder is not None
+        and request.slot is not None
+        and params.guided_decoding is not None
+        and params.close_within_budget
+        and decoder.closer.acts_within(
+            request.slot, request.tokens_left(max_model_len), num_draft_tokens
+        )
+    ):
+        return 0
     left = request.params.max_tokens - len(request.output_token_ids) - 1
     room = max_model_len - len(request.all_token_ids) - 1
     return max(0, min(num_draft_tokens, left, room))
@@ -51,7 +69,7 @@ class NgramSpeculator:
             failures = decoder.rollback_rejected_batch(counts)
         for s in batch:
             req = s.request
-            k = draft_budget(req, self.num_draft_tokens, self.max_model_len)
+            k = draft_budget(req, self.num_draft_tokens, self.max_model_len, decoder)
             req.draft_tokens = self.drafter.propose(req.all_token_ids, k) if wants_drafts(s) else []
             req.draft_probs = None
         return failures
@@ -91,7 +109,7 @@ class DraftModelSpeculator:
             if decoder is not None:
                 failures += self._mask(decoder, batch, rows, proposals, logits, step)
             self._pick(batch, rows, logits, proposals, probs)
-        self._finish_loop(batch, rows, proposals, probs)
+        self._finish_loop(batch, rows, proposals, probs, decoder)
         return failures
 
     def _draft_logits(
@@ -162,12 +180,13 @@ class DraftModelSpeculator:
         rows: list[int],
         proposals: list[list[int]],
         probs: list[list[torch.Tensor]],
+        decoder: GuidedDecoder | None,
     ) -> None:
         for i, row in enumerate(rows):
             req = batch[row].request
             assert req.slot is not None
             self.runner.crop(req.slot, len(req.all_token_ids))
-            k = draft_budget(req, self.num_draft_tokens, self.max_model_len)
+            k = draft_budget(req, self.num_draft_tokens, self.max_model_len, decoder)
             req.draft_tokens = proposals[i][:k]
             req.draft_probs = torch.stack(probs[i][:k]) if probs[i] and k else None
 

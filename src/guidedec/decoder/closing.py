@@ -1,0 +1,136 @@
+"""Budget-aware closing: a guided output ends complete within its token budget.
+
+A request that carries ``tokens_left`` (the tokens it may still emit, the one sampled from this
+row included) gets, near the end of its budget, a *witness* for its current grammar state: a
+short completion that ends with a stop token, found through the matcher API by
+:class:`guidedec.grammar.closing.CompletionSearch`. While the witness leaves more than
+``MARGIN`` tokens of room the row keeps the grammar's mask and the model writes what it wants;
+once it does not, the row allows the witness's next token only, and the output follows the
+witness to its stop token. A witness stays valid while the output follows it, so a forced step
+costs no search.
+
+Cost bounds: no search before ``WINDOW`` tokens are left; after a witness with room to spare the
+next search waits until a third of that room is used up (the distance to a completion seldom
+grows by more than a token per token); a search expands at most ``8 * tokens_left + 16`` states.
+A request for which no witness fits is marked ``incomplete`` (searched again every
+``RETRY_EVERY`` tokens, in case the model closes what it opened on its own).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy.typing as npt
+
+from guidedec.decoder.request import GuidedRequest
+from guidedec.grammar.cache import guide_cache_key
+from guidedec.grammar.closing import CompletionSearch, guide_words
+from guidedec.grammar.matcher import GrammarMatcher
+from guidedec.tokenizer import TokenizerInfo
+
+WINDOW = 64
+"""Tokens left at which a request's first search runs."""
+MARGIN = 2
+"""Room a witness must leave for the model to choose freely; with less the witness is forced."""
+RETRY_EVERY = 8
+"""Tokens between searches for a request that no witness fitted."""
+
+
+@dataclass(slots=True)
+class ClosingStats:
+    """What closing did, summed over the decoder's life."""
+
+    searches: int = 0
+    nodes: int = 0
+    search_s: float = 0.0
+    forced_rows: int = 0
+    no_fit: int = 0
+
+
+@dataclass(slots=True)
+class _SlotState:
+    witness: list[int] | None = None  # from the state of the last closed row, its token first
+    next_search: int = WINDOW  # search again once tokens_left is at most this
+    incomplete: bool = False
+
+
+@dataclass
+class BudgetCloser:
+    """Per sequence slot: the witness of its last row and when to search again."""
+
+    tokenizer: TokenizerInfo
+    num_slots: int
+    stats: ClosingStats = field(default_factory=ClosingStats)
+
+    def __post_init__(self) -> None:
+        self._slots = [_SlotState() for _ in range(self.num_slots)]
+        self._search: CompletionSearch | None = None
+        self._words: dict[object, list[int]] = {}
+
+    def is_incomplete(self, slot: int) -> bool:
+        """Whether the last search of the slot's request found no completion within its
+        budget (its output will end ``length``, incomplete)."""
+        return self._slots[slot].incomplete
+
+    def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
+        """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
+        ``tokens_left`` at the first: a search falls due, or a witness is close to being
+        forced. Speculative decoding proposes no drafts then, since closing reads every row."""
+        state = self._slots[slot]
+        last = tokens_left - num_tokens
+        if last <= state.next_search:
+            return True
+        return state.witness is not None and len(state.witness) > last - MARGIN - num_tokens
+
+    def forget(self, slot: int) -> None:
+        """The slot's request ended or its matcher moved other than by its rows' tokens."""
+        self._slots[slot] = _SlotState()
+
+    def close(self, req: GuidedRequest, matcher: GrammarMatcher, words: npt.NDArray[Any]) -> None:
+        """Restrict the request's row (``words``: its int32 words, just filled for the matcher's
+        current state) to the witness's next token when the budget requires it."""
+        left = req.tokens_left
+        assert left is not None
+        state = self._slots[req.seq_slot]
+        witness = state.witness
+        if witness and len(witness) > 1 and req.new_token == witness[0]:
+            witness = witness[1:]  # the output followed the witness: still valid
+        else:
+            witness = None
+            if left > state.next_search:
+                state.witness = None
+                return
+            witness = self._find(req, matcher, left)
+            if witness is None:
+                state.witness, state.incomplete = None, True
+                state.next_search = left - RETRY_EVERY
+                self.stats.no_fit += 1
+                return
+            state.incomplete = False
+            room = left - len(witness)
+            state.next_search = left - max(0, room - MARGIN) // 3
+        state.witness = witness
+        if len(witness) > left - MARGIN:
+            token = witness[0]
+            bit = 1 << (token & 31)
+            words[:] = 0
+            words[token >> 5] = bit - (1 << 32) if bit >= 1 << 31 else bit  # as int32
+            self.stats.forced_rows += 1
+        # else the model is free; a different token than witness[0] means a new search
+
+    def _find(self, req: GuidedRequest, matcher: GrammarMatcher, left: int) -> list[int] | None:
+        if self._search is None:
+            self._search = CompletionSearch(self.tokenizer)
+        params = req.guided_decoding_params
+        assert params is not None
+        key = guide_cache_key(params)
+        if key not in self._words:
+            self._words[key] = guide_words(params, self.tokenizer)
+        start = time.perf_counter()
+        witness = self._search.witness(matcher, left, words=self._words[key])
+        self.stats.search_s += time.perf_counter() - start
+        self.stats.searches += 1
+        self.stats.nodes += self._search.nodes
+        return witness

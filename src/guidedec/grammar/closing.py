@@ -1,0 +1,367 @@
+"""Short completions of a grammar state, found through the matcher API alone.
+
+Budget-aware closing needs, at a request's current state, a way to finish the guide in few
+tokens: a *witness*, a token sequence that the grammar accepts and that ends with a stop token.
+Neither backend exposes the grammar's structure or a shortest-completion query, so the search
+runs on what every matcher offers: fill the state's mask, accept a token, roll back.
+
+The search is a depth-first search with backtracking over a few preferred tokens per state:
+
+- a state whose mask allows a stop token is complete (the witness ends there);
+- otherwise the allowed tokens are tried in a fixed preference order, computed once per
+  tokenizer: tokens made only of closing characters (``"`` ``'`` ``}`` ``]`` ``)`` ``>``, longest
+  first), then other tokens without whitespace or opening brackets (longest first, so a key or
+  a literal takes few tokens), then tokens with opening brackets, then whitespace; at most
+  ``BRANCHES`` of them per state;
+- a state whose mask repeats one earlier on the path is pruned: the path made no progress (an
+  extra optional key, a whitespace run), and a shorter way must go around it;
+- at most ``limit`` tokens deep and ``max_nodes`` expansions in all: the search returns None
+  when it finds no witness within them, and the caller treats that as "no completion fits".
+
+The witness is short, not always the shortest: the preference order closes what is open before
+it opens anything, which on JSON, regex, EBNF and choice guides finds completions close to the
+shortest. Each expansion costs one mask fill (about 10 µs at V = 129,280) plus the matcher's
+accept and a rollback; the matcher is back in its state when the search returns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from guidedec.bitmask.layout import allocate_bitmask
+from guidedec.grammar.matcher import GrammarMatcher
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.tokenizer import TokenizerInfo
+
+BRANCHES = 3
+"""Subtrees that fail per state before the search backtracks past it (a token that leads back
+to a state on the path does not count)."""
+MAX_CYCLE = 6
+"""The longest token cycle the search recognises (see ``CompletionSearch._repeats``)."""
+PER_STATE = 12
+"""Allowed tokens looked at per state, in preference order."""
+MAX_CANDIDATE_CHARS = 3
+"""The longest token text among the candidates (a state allowing none of them falls back to
+its lowest allowed token ids)."""
+CLOSING_ORDER = "\"}])'>,;:"  # closers, then separators: both end what is open
+CLOSERS = frozenset(CLOSING_ORDER)
+# Closers, then at most one separator: `"}` or `",` ends things, `","` would open a new key.
+_CLOSING_TOKEN = re.compile("[\"'}\\])>]*[,;:]?")
+OPENERS = frozenset("{[(<")
+
+
+def preference_order(texts: list[str], excluded: set[int]) -> npt.NDArray[np.int64]:
+    """Token ids in the order the search tries them (see the module docstring): short printable
+    ASCII tokens (at most ``MAX_CANDIDATE_CHARS`` characters) only, so that the per-state check
+    stays cheap; a guide's longer words come from :func:`guide_words`. Tokens with no text and
+    ``excluded`` ones (stop and added special tokens) are left out."""
+    keyed = []
+    for token_id, text in enumerate(texts):
+        printable = text.isascii() and (text.isprintable() or text.isspace())
+        if not text or token_id in excluded or not printable or len(text) > MAX_CANDIDATE_CHARS:
+            continue
+        if _CLOSING_TOKEN.fullmatch(text):  # by first character, then longest
+            last = CLOSING_ORDER.find(text[-1])
+            keyed.append((0, CLOSING_ORDER.find(text[0]), -len(text), last, token_id))
+        elif any(ch.isspace() for ch in text):
+            keyed.append((3, len(text), 0, 0, token_id))
+        elif any(ch in OPENERS for ch in text):
+            keyed.append((2, len(text), 0, 0, token_id))
+        elif text.isdigit():  # shortest first, "0" first: a number in one token
+            keyed.append((1, len(text) - 100, int(text), 0, token_id))
+        else:  # longest first: a key or a literal in few tokens
+            keyed.append((1, -len(text), 0, 0, token_id))
+    keyed.sort()
+    return np.array([key[-1] for key in keyed], dtype=np.int64)
+
+
+_DIGITS, _CLOSER_KINDS, _WORD_KINDS = 1, 1 << 19, 1 << 20
+
+
+def token_kind(text: str) -> int:
+    """What the search tells apart among a state's allowed tokens: tokens that start with a
+    digit are one kind (a number's digits are interchangeable); otherwise the first character
+    is the kind."""
+    first = text[0]
+    return _DIGITS if first.isdigit() else 16 + ord(first)
+
+
+@dataclass(frozen=True)
+class ClosingVocab:
+    """What the search knows of a tokenizer: its preferred tokens, the whitespace ones among
+    them, its closers and its stop tokens."""
+
+    order: npt.NDArray[np.int64]
+    whitespace: npt.NDArray[np.int64]
+    kinds: npt.NDArray[np.int64]  # per token id: its first character's kind (see token_kind)
+    num_closers: int
+    stop_token_ids: tuple[int, ...]
+    vocab_size: int
+
+    def with_words(self, words: Sequence[int]) -> npt.NDArray[np.int64]:
+        """The order with ``words`` moved right after the closers."""
+        if not words:
+            return self.order
+        boosted = np.array(list(dict.fromkeys(words)), dtype=np.int64)
+        rest = self.order[self.num_closers :]
+        return np.concatenate(
+            [self.order[: self.num_closers], boosted, rest[~np.isin(rest, boosted)]]
+        )
+
+    @classmethod
+    def of(cls, tokenizer: TokenizerInfo) -> ClosingVocab:
+        """Built once per tokenizer (decoding every token takes about a second)."""
+        return tokenizer.backend_object("closing", lambda: cls._build(tokenizer))
+
+    @classmethod
+    def _build(cls, tokenizer: TokenizerInfo) -> ClosingVocab:
+        hf = tokenizer.hf_tokenizer
+        size = min(tokenizer.vocab_size, len(hf))
+        texts = hf.batch_decode([[i] for i in range(size)])
+        excluded = set(tokenizer.stop_token_ids) | set(hf.get_added_vocab().values())
+        order = preference_order(texts, excluded)
+        spaces = [t for t in order.tolist() if any(ch.isspace() for ch in texts[t])]
+        closers = sum(1 for t in order.tolist() if _CLOSING_TOKEN.fullmatch(texts[t]))
+        kinds = np.zeros(tokenizer.vocab_size, dtype=np.int64)
+        for position, token_id in enumerate(order.tolist()):  # each closer a kind of its own
+            kinds[token_id] = (
+                _CLOSER_KINDS + position if position < closers else token_kind(texts[token_id])
+            )
+        return cls(
+            order,
+            np.array(spaces, dtype=np.int64),
+            kinds,
+            closers,
+            tokenizer.stop_token_ids,
+            tokenizer.vocab_size,
+        )
+
+
+class CompletionSearch:
+    """Finds witnesses for matchers of one tokenizer (a scratch bitmask of its own)."""
+
+    def __init__(self, tokenizer: TokenizerInfo) -> None:
+        self.vocab = ClosingVocab.of(tokenizer)
+        self._rows = torch.empty(0)
+        self.nodes = 0  # expansions of the last search
+        self._fingerprints: list[int] = []  # the masks along the path (the root's first)
+        self._budget = self._limit = 0
+        self._prune_cycles = True
+        self._order: tuple[npt.NDArray[Any], ...] = ()
+        self._orderings: dict[tuple[int, ...], tuple[npt.NDArray[Any], ...]] = {}
+
+    def witness(
+        self,
+        matcher: GrammarMatcher,
+        limit: int,
+        *,
+        words: Sequence[int] = (),
+        max_nodes: int | None = None,
+    ) -> list[int] | None:
+        """A completion of at most ``limit`` tokens that ends with a stop token, or None; the
+        matcher is left in its state. ``words``: the guide's own tokens (its property names
+        and literals, see :func:`guide_words`), tried right after the closers; ``max_nodes``
+        bounds the expansions (default ``8 * limit + 16``)."""
+        if matcher.is_terminated() or limit < 1:
+            return None
+        self._order = self._ordering(tuple(words))
+        if self._rows.shape[0] < limit + 1:
+            self._rows = allocate_bitmask(limit + 1, self.vocab.vocab_size)
+        total = 8 * limit + 16 if max_nodes is None else max_nodes
+        self.nodes = 0
+        # The preferred path first, as deep as allowed; then iterative deepening, which gets
+        # around a cycle the preferred tokens run into (``(ab)*c``: "ab" forever); both prune
+        # cycles. Last, the preferred path again with cycles allowed: some guides need them
+        # (``minItems: 50`` counts where the mask cannot show it).
+        passes = [(limit, 2 * limit + 8, True)]
+        passes += [(d, 4 * d, True) for d in _DEEPENING if d < limit]
+        passes.append((limit, total, False))
+        for depth, share, prune in passes:
+            if self.nodes >= total:
+                break
+            self._limit, self._budget = depth, min(total, self.nodes + share)
+            self._prune_cycles = prune
+            path: list[int] = []
+            if self._search(matcher, path, 0) is _FOUND:
+                return path
+        return None
+
+    def _ordering(self, words: tuple[int, ...]) -> tuple[npt.NDArray[Any], ...]:
+        """The candidates with ``words`` boosted, and per candidate its word index and bit,
+        whether it is whitespace and its kind (kept for the last few guides)."""
+        cached = self._orderings.get(words)
+        if cached is not None:
+            return cached
+        order = self.vocab.with_words(words)
+        space = np.isin(order, self.vocab.whitespace)
+        kinds = self.vocab.kinds[order]
+        boosted = np.isin(order, np.asarray(words, dtype=np.int64))
+        kinds[boosted] = _WORD_KINDS + np.arange(int(boosted.sum()))  # each word a kind
+        entry = (order, order >> 5, (order & 31).astype(np.uint32), space, kinds)
+        if len(self._orderings) >= _ORDERINGS_KEPT:
+            self._orderings.pop(next(iter(self._orderings)))
+        self._orderings[words] = entry
+        return entry
+
+    def _search(self, matcher: GrammarMatcher, path: list[int], parent: int) -> object:
+        """Extend ``path`` (accepted into ``matcher``) to a witness: ``_FOUND``; else
+        ``_FAILED`` or ``_PRUNED`` (the state's mask is its parent's: no progress), with both
+        left as they were. ``parent`` is the fingerprint of the parent state's mask."""
+        depth = len(path)
+        if self.nodes >= self._budget:
+            return _FAILED
+        self.nodes += 1
+        matcher.fill_next_token_bitmask(self._rows, depth)
+        words = self._rows[depth].numpy()
+        for stop in self.vocab.stop_token_ids:
+            if (int(words[stop >> 5]) >> (stop & 31)) & 1:
+                path.append(stop)
+                return _FOUND
+        left = self._limit - depth - 1  # tokens after this one: the last must be a stop token
+        if left <= 0:
+            return _FAILED
+        fingerprint = hash(words.tobytes())
+        if fingerprint == parent or self._repeats(path, fingerprint):
+            return _PRUNED
+        self._fingerprints.append(fingerprint)
+        try:
+            return self._expand(matcher, path, words, fingerprint)
+        finally:
+            self._fingerprints.pop()
+
+    def _repeats(self, path: list[int], fingerprint: int) -> bool:
+        """Whether the path ends with a cycle: its last ``k`` tokens repeat the ``k`` before
+        them and lead back to the mask they started from (``ab`` ``ab`` under ``(ab)*c``)."""
+        depth = len(path)
+        if not self._prune_cycles:
+            return False
+        for k in range(1, min(MAX_CYCLE, depth // 2) + 1):
+            if self._fingerprints[depth - k] == fingerprint and (
+                path[depth - k :] == path[depth - 2 * k : depth - k]
+            ):
+                return True
+        return False
+
+    def _expand(
+        self, matcher: GrammarMatcher, path: list[int], words: npt.NDArray[np.int32], fp: int
+    ) -> object:
+        """Try the state's preferred tokens (see :meth:`_search`)."""
+        fingerprint = fp
+        branches = 0
+        for token in self._preferred(words):
+            if not matcher.accept_token(token):
+                continue
+            path.append(token)
+            result = self._search(matcher, path, fingerprint)
+            if result is _FOUND:
+                matcher.rollback(1)
+                return _FOUND
+            path.pop()
+            matcher.rollback(1)
+            branches += result is _FAILED
+            if branches >= BRANCHES or self.nodes >= self._budget:
+                break
+        return _FAILED
+
+    def _preferred(self, words: npt.NDArray[np.int32]) -> list[int]:
+        """The first ``PER_STATE`` allowed tokens in preference order: closers, the guide's own
+        words, the rest; whitespace only where nothing else is allowed (else the lowest allowed
+        token ids)."""
+        unsigned = words.view(np.uint32)
+        order, order_words, order_bits, is_space, kinds = self._order
+        hits = np.flatnonzero((unsigned[order_words] >> order_bits) & 1)
+        solid = hits[~is_space[hits]]
+        if solid.size:  # the first token of each kind: a number or a word counts once
+            seen: set[int] = set()
+            picked: list[int] = []
+            head = solid[:_KIND_SCAN]
+            for index, kind in zip(head.tolist(), kinds[head].tolist(), strict=True):
+                if kind not in seen:
+                    seen.add(kind)
+                    picked.append(int(order[index]))
+                    if len(picked) == PER_STATE:
+                        return picked
+            if solid.size > _KIND_SCAN:  # a long run of one kind (numbers): all of them
+                _, first = np.unique(kinds[solid], return_index=True)
+                picked = order[solid[np.sort(first)[:PER_STATE]]].tolist()
+            return picked
+        if hits.size:
+            spaces: list[int] = order[hits[:PER_STATE]].tolist()
+            return spaces
+        nonzero = np.flatnonzero(unsigned)[:PER_STATE]
+        ids = []
+        for word in nonzero.tolist():
+            bits = int(unsigned[word])
+            ids += [word * 32 + b for b in range(32) if bits >> b & 1]
+        return [t for t in ids if t < self.vocab.vocab_size][:PER_STATE]
+
+
+_FOUND, _FAILED, _PRUNED = object(), object(), object()
+_DEEPENING = (4, 8, 16, 32, 64, 128)
+_ORDERINGS_KEPT = 64
+_KIND_SCAN = 256  # allowed candidates looked at for distinct kinds
+
+
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_LITERAL_RUN = re.compile(r"[A-Za-z0-9_]{2,}")
+MAX_WORDS = 256
+
+
+def guide_words(params: GuidedDecodingParams, tokenizer: TokenizerInfo) -> list[int]:
+    """The tokens of a guide's own words, longest text first: a JSON schema's property names
+    (required ones first) and string ``enum`` / ``const`` values; a choice's options; the quoted
+    literals of an EBNF or Lark grammar; the literal runs of a regex. A completion that must
+    spell a key or a keyword finds it among them (an open object would otherwise take any
+    key)."""
+    texts = _guide_texts(params)
+    ids: dict[int, int] = {}
+    for text in texts[:MAX_WORDS]:
+        for token in tokenizer.encode(text):
+            ids.setdefault(token, len(ids))
+    return list(ids)
+
+
+def _guide_texts(params: GuidedDecodingParams) -> list[str]:
+    kind, guide = params.guide_type, params.guide
+    if kind is GuideType.JSON_SCHEMA:
+        schema = json.loads(guide) if isinstance(guide, str) else guide
+        required: list[str] = []
+        other: list[str] = []
+        _schema_words(schema, required, other, depth=0)
+        return list(dict.fromkeys(required + other))
+    if kind is GuideType.CHOICE:
+        return [str(option) for option in guide]  # type: ignore[union-attr]
+    if kind in (GuideType.EBNF, GuideType.LARK):
+        return [m.group(1) for m in _QUOTED.finditer(str(guide)) if m.group(1)]
+    if kind is GuideType.REGEX:
+        return _LITERAL_RUN.findall(str(guide))
+    return []
+
+
+def _schema_words(node: Any, required: list[str], other: list[str], depth: int) -> None:
+    if depth > 32:
+        return
+    if isinstance(node, dict):
+        for name in node.get("required", []) if isinstance(node.get("required"), list) else []:
+            if isinstance(name, str):
+                required.append(name)
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            other.extend(name for name in properties if isinstance(name, str))
+        for key in ("enum", "const"):
+            values = node.get(key)
+            values = values if isinstance(values, list) else [values]
+            other.extend(v for v in values if isinstance(v, str))
+        for value in node.values():
+            _schema_words(value, required, other, depth + 1)
+    elif isinstance(node, list):
+        for item in node:
+            _schema_words(item, required, other, depth + 1)

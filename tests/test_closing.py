@@ -1,0 +1,223 @@
+"""Budget-aware closing: the completion search over the matcher API, and the engine's outputs.
+
+Oracles: the matcher itself (a witness is accepted token by token and ends the guide, and the
+matcher is back in its state afterwards), ``json.loads`` / ``jsonschema`` / ``re.fullmatch`` on
+the outputs, and the same engine with closing off, token for token, for outputs that finish
+inside their budget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+import jsonschema
+import pytest
+import torch
+
+from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.bench.cases import JSON_CASES
+from guidedec.bitmask import allocate_bitmask
+from guidedec.grammar.closing import CompletionSearch, guide_words
+from guidedec.grammar.matcher import GrammarMatcherFactory
+from guidedec.tokenizer import TokenizerInfo
+
+BACKENDS = ["xgrammar", "llguidance", "auto"]
+OTHER_GUIDES = [
+    (GuidedDecodingParams(regex=r"(ab)*c[0-9]{3}"), "ababab"),
+    (GuidedDecodingParams(choice=["yes please", "no thanks", "maybe later"]), "may"),
+    (GuidedDecodingParams(ebnf='root ::= "(" expr ")"\nexpr ::= [0-9]+ | "(" expr ")"'), "((1"),
+    (GuidedDecodingParams(lark='start: "key=" /[a-z]+/ ";" "end"'), "key=abc"),
+]
+
+
+@pytest.fixture(scope="module")
+def search(tokenizer: TokenizerInfo) -> CompletionSearch:
+    return CompletionSearch(tokenizer)
+
+
+def _prefixes(tokenizer: TokenizerInfo) -> list[tuple[GuidedDecodingParams, list[int]]]:
+    """Every guide with prefixes of a valid text: every 4th token of the JSON instances."""
+    out = []
+    for schema, instance in JSON_CASES:
+        tokens = tokenizer.encode(json.dumps(instance))
+        params = GuidedDecodingParams(json_schema=schema)
+        out += [(params, tokens[:cut]) for cut in range(0, len(tokens), 4)]
+    for params, text in OTHER_GUIDES:
+        tokens = tokenizer.encode(text)
+        out += [(params, tokens[:cut]) for cut in range(len(tokens) + 1)]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_witness_completes_the_guide_and_leaves_the_matcher_as_it_was(
+    backend: str,
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    search: CompletionSearch,
+) -> None:
+    factory = make_factory(backend)
+    rows = allocate_bitmask(2, tokenizer.vocab_size)
+    lengths = []
+    for params, prefix in _prefixes(tokenizer):
+        matcher = factory.create(params)
+        assert all(matcher.accept_token(t) for t in prefix)
+        matcher.fill_next_token_bitmask(rows, 0)
+        witness = search.witness(matcher, 48, words=guide_words(params, tokenizer))
+        assert witness is not None, (params, tokenizer.decode(prefix))
+        matcher.fill_next_token_bitmask(rows, 1)
+        assert torch.equal(rows[0], rows[1])  # the search rolled everything back
+        assert witness[-1] in tokenizer.stop_token_ids and len(witness) <= 48
+        assert all(matcher.accept_token(t) for t in witness) and matcher.is_terminated()
+        lengths.append(len(witness))
+    assert sorted(lengths)[len(lengths) // 2] <= 12  # short completions, not the limit
+
+
+def test_no_witness_within_too_small_a_limit(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    search: CompletionSearch,
+) -> None:
+    params = GuidedDecodingParams(json_schema={"type": "array", "minItems": 50})
+    matcher = make_factory("xgrammar").create(params)
+    assert search.witness(matcher, 8) is None
+    assert search.nodes <= 8 * 8 + 16  # bounded
+    assert search.witness(matcher, 160) is not None  # "[0,0,...]" fits in 160
+
+
+def test_guide_words_name_the_keys_and_literals(tokenizer: TokenizerInfo) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": ["alpha"]}, "zeta": {"type": "integer"}},
+        "required": ["zeta"],
+    }
+    words = guide_words(GuidedDecodingParams(json_schema=schema), tokenizer)
+    expected = tokenizer.encode("zeta") + tokenizer.encode("kind") + tokenizer.encode("alpha")
+    assert words == list(dict.fromkeys(expected))  # required keys first
+    regex = guide_words(GuidedDecodingParams(regex=r"id-[0-9]+ (done|open)"), tokenizer)
+    assert set(regex) == {t for w in ("id", "done", "open") for t in tokenizer.encode(w)}
+    assert guide_words(GuidedDecodingParams(json_object=True), tokenizer) == []
+
+
+# --- the engine --------------------------------------------------------------------------------
+
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "score": {"type": "number"},
+        },
+        "required": ["title", "tags", "score"],
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}, "label": {"type": "string"}},
+            "required": ["id", "label"],
+        },
+    },
+]
+
+
+def _budget_run(close: bool, backend: str = "auto") -> list[tuple[dict, object]]:
+    llm = LLM("tiny-random", backend=backend, max_num_seqs=24)
+    prompts, params = [], []
+    for i, schema in enumerate(SCHEMAS):
+        for max_tokens in (24, 40, 64):
+            for seed in range(8):
+                prompts.append(f"Write JSON {i}:")
+                params.append(
+                    SamplingParams(
+                        max_tokens=max_tokens,
+                        temperature=1.0,
+                        seed=seed,
+                        guided_decoding=GuidedDecodingParams(json_schema=schema),
+                        close_within_budget=close,
+                    )
+                )
+    outputs = llm.generate(prompts, params)
+    llm.close()
+    return list(zip([s for s in SCHEMAS for _ in range(24)], outputs, strict=True))
+
+
+@pytest.mark.parametrize("backend", ["auto", "xgrammar", "llguidance"])
+def test_every_output_completes_within_its_budget(backend: str) -> None:
+    """tiny-random at temperature 1 with unbounded strings and numbers: with closing, every
+    output ends ``stop`` within ``max_tokens`` and validates; without it, most are cut."""
+    for schema, out in _budget_run(True, backend):
+        assert out.finish_reason == "stop", out.text
+        assert len(out.token_ids) <= 64 and out.incomplete is None
+        jsonschema.validate(json.loads(out.text), schema)
+    if backend == "auto":
+        cut = [o for _, o in _budget_run(False) if o.finish_reason == "length"]
+        assert len(cut) > 48
+        assert all("closing off" in (o.incomplete or "") for o in cut)
+
+
+def _finishing_early(close: bool, **options: object) -> tuple[list[tuple[list[int], str]], int]:
+    llm = LLM(
+        "tiny-random", max_num_seqs=4, dtype=torch.float64, json_whitespace="compact", **options
+    )  # type: ignore[arg-type]
+    guides = [
+        GuidedDecodingParams(regex=r"(yes|no)-[0-9]{1,3}"),
+        GuidedDecodingParams(choice=["alpha", "beta gamma"]),
+        GuidedDecodingParams(
+            json_schema={
+                "type": "object",
+                "properties": {"a": {"type": "boolean"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            }
+        ),
+        GuidedDecodingParams(ebnf='root ::= "x" [0-9] [0-9]? ";"'),
+    ]
+    params = [
+        SamplingParams(
+            max_tokens=m, temperature=t, seed=i, guided_decoding=g, close_within_budget=close
+        )
+        for i, g in enumerate(guides)
+        for m, t in ((20, 0.0), (20, 1.0), (300, 1.0))
+    ]
+    outputs = llm.generate([f"Prompt {i}" for i in range(len(params))], params)
+    llm.close()
+    return [(o.token_ids, o.finish_reason) for o in outputs], llm.decoder.closer.stats.searches
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"speculative": "ngram", "num_draft_tokens": 3}], ids=["plain", "ngram"]
+)
+def test_outputs_that_finish_inside_the_budget_are_unchanged(options: dict[str, object]) -> None:
+    """Short guides finish inside every budget (searches run for the 20-token ones, but never
+    force a token): closing on and off give the same tokens (float64)."""
+    on, searches = _finishing_early(True, **options)
+    assert all(reason == "stop" and len(tokens) <= 12 for tokens, reason in on)
+    assert searches > 0  # closing searched (and rolled back) on the 20-token requests
+    assert _finishing_early(False, **options) == (on, 0)
+
+
+def test_a_budget_no_completion_fits_says_so() -> None:
+    llm = LLM("tiny-random", max_num_seqs=2)
+    guide = GuidedDecodingParams(json_schema={"type": "array", "minItems": 50})
+    free = GuidedDecodingParams(regex="[a-z]{1,40}")
+    outputs = llm.generate(
+        ["a", "b"],
+        [
+            SamplingParams(max_tokens=8, temperature=1.0, seed=1, guided_decoding=guide),
+            SamplingParams(max_tokens=8, temperature=1.0, seed=2, guided_decoding=free),
+        ],
+    )
+    assert outputs[0].finish_reason == "length"
+    assert "no completion of its guide fitted" in (outputs[0].incomplete or "")
+    assert "8 tokens (max_tokens)" in (outputs[0].incomplete or "")
+    assert outputs[1].finish_reason == "stop" and outputs[1].incomplete is None
+    assert re.fullmatch("[a-z]{1,40}", outputs[1].text)
+    assert llm.decoder.closer.stats.no_fit >= 1

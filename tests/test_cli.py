@@ -49,12 +49,9 @@ def test_json_schema_file_outputs_validate(capsys: pytest.CaptureFixture[str]) -
     results = outputs(out)
     assert [i for i, _, _ in results] == [0, 1]
     for _, reason, text in results:
-        assert reason in ("stop", "length")
-        if reason == "stop":
-            jsonschema.validate(json.loads(text), schema)
-    stops = sum(reason == "stop" for _, reason, _ in results)
-    assert stops >= 1, out  # the schema is bounded: a random model finishes it in ~50 tokens
-    assert out.count("    schema: valid") == stops
+        assert reason == "stop", out  # closed within --max-tokens
+        jsonschema.validate(json.loads(text), schema)
+    assert out.count("    schema: valid") == 2
     summary = SUMMARY.search(err)
     assert summary is not None and summary[1] == "2", err
 
@@ -68,7 +65,16 @@ def test_regex_jsonl_records(capsys: pytest.CaptureFixture[str]) -> None:
     records = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
     assert [r["prompt"] for r in records] == prompts
     for r in records:
-        assert set(r) == {"prompt", "text", "token_ids", "finish_reason", "error", "timings"}
+        assert set(r) == {
+            "prompt",
+            "text",
+            "token_ids",
+            "finish_reason",
+            "error",
+            "incomplete",
+            "timings",
+        }
+        assert r["incomplete"] is None
         assert r["finish_reason"] == "stop" and r["error"] is None
         assert re.fullmatch(pattern, r["text"], re.ASCII)
         assert r["token_ids"] and all(isinstance(t, int) for t in r["token_ids"])
@@ -76,6 +82,24 @@ def test_regex_jsonl_records(capsys: pytest.CaptureFixture[str]) -> None:
         assert 0 < timings["ttft_s"] <= timings["e2e_s"]
     assert "5/5" in err  # the progress bar
     assert SUMMARY.search(err) is not None
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_closing_within_max_tokens_or_an_incomplete_note(
+    capsys: pytest.CaptureFixture[str], close: bool
+) -> None:
+    schema = '{"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}'
+    argv = ["generate", "--json-schema", schema, "--temperature", "1", "--seed", "3"]
+    argv += ["--max-tokens", "12", "--jsonl"] + ([] if close else ["--no-close-within-budget"])
+    status, out, err = run_cli(capsys, *argv, "Note:", "Another:")
+    assert status == 0, err
+    for record in map(json.loads, out.splitlines()):
+        if close:
+            assert record["finish_reason"] == "stop" and record["incomplete"] is None
+            assert isinstance(json.loads(record["text"])["note"], str)
+        else:
+            assert record["finish_reason"] == "length", record  # a random model's string
+            assert "closing off" in record["incomplete"]
 
 
 def test_choice_outputs_one_of_the_choices(capsys: pytest.CaptureFixture[str]) -> None:

@@ -191,6 +191,12 @@ def _add_sampling(run: argparse.ArgumentParser) -> None:
     run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="1: off")
     run.add_argument("--top-k", type=_int_at_least(0), default=0, metavar="K", help="0: off")
     run.add_argument("--seed", type=int, metavar="S", help="prompt i samples with seed S + i")
+    run.add_argument(
+        "--no-close-within-budget",
+        dest="close_within_budget",
+        action="store_false",
+        help="cut guided outputs at --max-tokens instead of closing them within it",
+    )
 
 
 def _add_generate(commands: Any) -> None:

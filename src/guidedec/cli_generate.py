@@ -135,6 +135,7 @@ def sampling_params(args: argparse.Namespace, guide: Guide) -> list[SamplingPara
             top_k=args.top_k,
             seed=None if args.seed is None else args.seed + i,
             guided_decoding=guide.params,
+            close_within_budget=getattr(args, "close_within_budget", True),
         )
         for i in range(len(args.prompts))
     ]
@@ -183,6 +184,8 @@ def print_plain(outputs: list[RequestOutput], schema: dict[str, Any] | None) -> 
         print(f"[{i}] {out.finish_reason}: {out.text}")
         if out.error is not None:
             print(f"    error: {out.error}")
+        elif out.incomplete is not None:
+            print(f"    incomplete: {out.incomplete}")
         elif schema is not None:
             print(f"    schema: {schema_status(out.text, schema, out.finish_reason == 'stop')}")
 
@@ -195,6 +198,7 @@ def print_jsonl(outputs: list[RequestOutput]) -> None:
             "token_ids": out.token_ids,
             "finish_reason": out.finish_reason,
             "error": out.error,
+            "incomplete": out.incomplete,
             "timings": timings(out),
         }
         print(json.dumps(record, ensure_ascii=False))

@@ -28,6 +28,7 @@ from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.closing import CompletionSearch, guide_words
 from guidedec.grammar.matcher import GrammarMatcher
+from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.tokenizer import TokenizerInfo
 
 WINDOW = 64
@@ -36,6 +37,9 @@ MARGIN = 2
 """Room a witness must leave for the model to choose freely; with less the witness is forced."""
 RETRY_EVERY = 8
 """Tokens between searches for a request that no witness fitted."""
+CHECK_ROOM = 24
+"""Room (tokens left beyond the witness) below which each sampled token is checked: one token
+can commit the output to many more (a further tool call, an optional key)."""
 
 
 @dataclass(slots=True)
@@ -47,11 +51,13 @@ class ClosingStats:
     search_s: float = 0.0
     forced_rows: int = 0
     no_fit: int = 0
+    resampled: int = 0
 
 
 @dataclass(slots=True)
 class _SlotState:
     witness: list[int] | None = None  # from the state of the last closed row, its token first
+    after: tuple[int, list[int]] | None = None  # a checked sampled token and the witness after it
     next_search: int = WINDOW  # search again once tokens_left is at most this
     incomplete: bool = False
 
@@ -68,11 +74,6 @@ class BudgetCloser:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
         self._search: CompletionSearch | None = None
         self._words: dict[object, list[int]] = {}
-
-    def is_incomplete(self, slot: int) -> bool:
-        """Whether the last search of the slot's request found no completion within its
-        budget (its output will end ``length``, incomplete)."""
-        return self._slots[slot].incomplete
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
         """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
@@ -94,15 +95,19 @@ class BudgetCloser:
         left = req.tokens_left
         assert left is not None
         state = self._slots[req.seq_slot]
-        witness = state.witness
-        if witness and len(witness) > 1 and req.new_token == witness[0]:
+        witness, after = state.witness, state.after
+        state.after = None
+        if after is not None and after[0] == req.new_token:
+            witness = after[1]  # found when the token was checked (see admits)
+        elif witness and len(witness) > 1 and req.new_token == witness[0]:
             witness = witness[1:]  # the output followed the witness: still valid
         else:
             witness = None
             if left > state.next_search:
                 state.witness = None
                 return
-            witness = self._find(req, matcher, left)
+            assert req.guided_decoding_params is not None
+            witness = self._find(req.guided_decoding_params, matcher, left)
             if witness is None:
                 state.witness, state.incomplete = None, True
                 state.next_search = left - RETRY_EVERY
@@ -120,11 +125,61 @@ class BudgetCloser:
             self.stats.forced_rows += 1
         # else the model is free; a different token than witness[0] means a new search
 
-    def _find(self, req: GuidedRequest, matcher: GrammarMatcher, left: int) -> list[int] | None:
+    def checks(self, slot: int, tokens_left: int) -> bool:
+        """Whether a token sampled for the slot's last closed row should go through
+        :meth:`admits`: the witness leaves at most ``CHECK_ROOM`` tokens of room (or none was
+        found), and the row was not forced."""
+        state = self._slots[slot]
+        if tokens_left > WINDOW:
+            return False
+        witness = state.witness
+        if witness is None:
+            return not state.incomplete
+        return len(witness) + CHECK_ROOM >= tokens_left and len(witness) <= tokens_left - MARGIN
+
+    def admits(
+        self,
+        slot: int,
+        matcher: GrammarMatcher,
+        params: GuidedDecodingParams,
+        token: int,
+        tokens_left: int,
+    ) -> bool:
+        """Whether the output can still complete within its budget after ``token``, sampled
+        from the row of the matcher's current state (the matcher is left as it was). One token
+        can commit the output to a long completion (``,`` before a further tool call): the
+        engine samples again without it when it cannot."""
+        state = self._slots[slot]
+        witness = state.witness
+        if witness and witness[0] == token:
+            state.after = (token, witness[1:])
+            return True
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            return True  # nothing to check: the build reports a rejected token
+        try:
+            if matcher.is_terminated():
+                return True
+            found = self._find(params, matcher, tokens_left - 1)
+        finally:
+            matcher.rollback(1)
+        if found is None:
+            self.stats.resampled += 1
+            return False
+        state.after = (token, found)
+        return True
+
+    def fallback(self, slot: int) -> int | None:
+        """The witness's next token for the slot's current state, if one is known."""
+        witness = self._slots[slot].witness
+        return witness[0] if witness else None
+
+    def _find(
+        self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int
+    ) -> list[int] | None:
+        if left < 1:
+            return None
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
-        params = req.guided_decoding_params
-        assert params is not None
         key = guide_cache_key(params)
         if key not in self._words:
             self._words[key] = guide_words(params, self.tokenizer)

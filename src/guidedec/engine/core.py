@@ -24,6 +24,7 @@ plain ``GuidedDecoder``. On the CPU a "replay" calls the captured function again
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -259,12 +260,17 @@ class EngineCore:
                 req.num_computed += len(s.token_ids)
                 if s.is_last_chunk:
                     token = drawn.get(req.request_id)
+                    token = greedy_token(best, rows.stop - 1) if token is None else token
                     self._append(
-                        req, [greedy_token(best, rows.stop - 1) if token is None else token]
+                        req, [self._within_budget(s, rows.stop - 1, token, logits, sparse)]
                     )
                     req.metrics.first_token = time.perf_counter()
             else:
-                self._verify(req, s, logits[rows], best[rows], drawn.get(req.request_id))
+                token = drawn.get(req.request_id)
+                if len(s.token_ids) == 1:  # no drafts: the one token, checked for closing
+                    token = greedy_token(best, rows.stop - 1) if token is None else token
+                    token = self._within_budget(s, rows.stop - 1, token, logits, sparse)
+                self._verify(req, s, logits[rows], best[rows], token)
             req.generation_only_first = False
 
     def _draw(
@@ -291,6 +297,59 @@ class EngineCore:
             return {}
         tokens = sample(logits, params, generators, rows=rows, allowed=sparse)
         return dict(zip(ids, tokens, strict=True))
+
+    def _within_budget(
+        self,
+        s: Scheduled,
+        row: int,
+        token: int,
+        logits: torch.Tensor,
+        sparse: dict[int, torch.Tensor],
+    ) -> int:
+        """``token``, or another one sampled from the same row without it, when after it no
+        completion of the request's guide fits what is left of its budget (budget-aware
+        closing; see :meth:`guidedec.decoder.closing.BudgetCloser.admits`). The draw is the
+        row's distribution restricted to the tokens that keep a completion in reach."""
+        req = s.request
+        guide, slot = req.params.guided_decoding, req.slot
+        if guide is None or slot is None or not req.params.close_within_budget:
+            return token
+        closer, left = self.decoder.closer, req.tokens_left(self.max_model_len)
+        matcher = self.decoder.grammar_matchers[slot]
+        if matcher is None or not closer.checks(slot, left):
+            return token
+        banned: list[int] = []
+        for _ in range(MAX_RESAMPLES):
+            if closer.admits(slot, matcher, guide, token, left):
+                return token
+            banned.append(token)
+            redrawn = self._redraw(req, row, logits, sparse, banned)
+            if redrawn is None:
+                break
+            token = redrawn
+        fallback = closer.fallback(slot)
+        return token if fallback is None else fallback
+
+    def _redraw(
+        self,
+        req: Request,
+        row: int,
+        logits: torch.Tensor,
+        sparse: dict[int, torch.Tensor],
+        banned: list[int],
+    ) -> int | None:
+        """A token from ``row`` with ``banned`` tokens removed (None when nothing is left)."""
+        ids = sparse.get(row)
+        if ids is not None:
+            kept = ids[~torch.isin(ids, torch.tensor(banned, dtype=ids.dtype))]
+            if kept.numel() == 0:
+                return None
+            return sample(logits, [req.params], [req.generator], rows=[row], allowed={row: kept})[0]
+        x = logits[row : row + 1].clone()
+        x[0, banned] = -math.inf
+        if not bool(torch.isfinite(x.amax())):
+            return None
+        return sample(x, [req.params], [req.generator])[0]
 
     def _verify(
         self,
@@ -438,6 +497,10 @@ def _timed_build(decoder: GuidedDecoder) -> tuple[list[tuple[int, str]], float]:
 def _slot(s: Scheduled) -> int:
     assert s.request.slot is not None
     return s.request.slot
+
+
+MAX_RESAMPLES = 4
+"""Draws of one row that budget-aware closing may refuse before it takes its witness's token."""
 
 
 def _draws_one(s: Scheduled) -> bool:

@@ -148,6 +148,7 @@ class _Api:
             seed=body.seed,
             stop_token_ids=body.stop_token_ids,
             guided_decoding=guide,
+            close_within_budget=body.close_within_budget,
         )
 
     def _check_prompt(self, prompt: Prompt) -> int:
@@ -263,7 +264,12 @@ def _reason(output: RequestOutput) -> str:
 
 
 def _error(output: RequestOutput) -> dict[str, Any]:
-    return {} if output.error is None else {"error": output.error}
+    """The choice's guidedec fields: ``error`` (a ``grammar_error``), ``incomplete`` (a guided
+    output cut at its budget: why)."""
+    extra: dict[str, Any] = {} if output.error is None else {"error": output.error}
+    if output.incomplete is not None:
+        extra["incomplete"] = output.incomplete
+    return extra
 
 
 def _usage(output: RequestOutput) -> dict[str, int]:

@@ -24,6 +24,7 @@ class _Request(BaseModel):
     stop_token_ids: list[int] | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    close_within_budget: bool = True  # guidedec: end guided outputs complete within max_tokens
 
 
 class CompletionRequest(_Request):

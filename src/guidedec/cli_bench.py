@@ -1,8 +1,9 @@
 """``guidedec bench``: the measuring instruments behind one command.
 
-``compliance`` is part of the package; ``apply``, ``decoder``, ``e2e`` and ``fill`` run the
-scripts of the same names in the source checkout's ``benchmarks/`` folder (they are developer
-tools that compare against other libraries, so they are not installed with the package).
+``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``e2e`` and ``fill``
+run the scripts of the same names in the source checkout's ``benchmarks/`` folder (they are
+developer tools that compare against other libraries, so they are not installed with the
+package).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 SCRIPTS = {
     "apply": "bench_apply.py",
+    "closing": "bench_closing.py",
     "decoder": "bench_decoder.py",
     "e2e": "bench_e2e.py",
     "fill": "bench_fill.py",
@@ -29,7 +31,7 @@ class BenchError(RuntimeError):
 def add_bench(commands: Any) -> None:
     run = commands.add_parser(
         "bench",
-        help="run a benchmark (compliance, apply, decoder, e2e, fill)",
+        help="run a benchmark (compliance, apply, closing, decoder, e2e, fill)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

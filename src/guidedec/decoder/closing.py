@@ -26,9 +26,9 @@ import numpy.typing as npt
 
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
-from guidedec.grammar.closing import CompletionSearch, guide_words
+from guidedec.grammar.closing import ClosingVocab, CompletionSearch, guide_words
 from guidedec.grammar.matcher import GrammarMatcher
-from guidedec.grammar.params import GuidedDecodingParams
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
 
 WINDOW = 64
@@ -125,17 +125,27 @@ class BudgetCloser:
             self.stats.forced_rows += 1
         # else the model is free; a different token than witness[0] means a new search
 
-    def checks(self, slot: int, tokens_left: int) -> bool:
-        """Whether a token sampled for the slot's last closed row should go through
-        :meth:`admits`: the witness leaves at most ``CHECK_ROOM`` tokens of room (or none was
-        found), and the row was not forced."""
+    def checks(self, slot: int, params: GuidedDecodingParams, token: int, tokens_left: int) -> bool:
+        """Whether ``token``, sampled for the slot's last closed row, should go through
+        :meth:`admits`: in the window, unless the row was forced (the token is the witness's)
+        or, under a JSON guide with room to spare (more than ``CHECK_ROOM`` tokens), the token
+        holds no structural character (string content or digits do not open anything)."""
         state = self._slots[slot]
-        if tokens_left > WINDOW:
+        if tokens_left > WINDOW or state.incomplete:
             return False
         witness = state.witness
         if witness is None:
-            return not state.incomplete
-        return len(witness) + CHECK_ROOM >= tokens_left and len(witness) <= tokens_left - MARGIN
+            return True
+        if witness[0] == token:
+            return True  # cheap: admits takes the rest of the witness
+        roomy = len(witness) + CHECK_ROOM < tokens_left
+        json_guide = params.guide_type in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
+        return not (roomy and json_guide and not self._vocab().structural[token])
+
+    def _vocab(self) -> ClosingVocab:
+        if self._search is None:
+            self._search = CompletionSearch(self.tokenizer)
+        return self._search.vocab
 
     def admits(
         self,

@@ -316,7 +316,7 @@ class EngineCore:
             return token
         closer, left = self.decoder.closer, req.tokens_left(self.max_model_len)
         matcher = self.decoder.grammar_matchers[slot]
-        if matcher is None or not closer.checks(slot, left):
+        if matcher is None or not closer.checks(slot, guide, token, left):
             return token
         banned: list[int] = []
         for _ in range(MAX_RESAMPLES):

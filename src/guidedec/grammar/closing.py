@@ -56,6 +56,7 @@ CLOSERS = frozenset(CLOSING_ORDER)
 # Closers, then at most one separator: `"}` or `",` ends things, `","` would open a new key.
 _CLOSING_TOKEN = re.compile("[\"'}\\])>]*[,;:]?")
 OPENERS = frozenset("{[(<")
+JSON_STRUCTURE = frozenset('{}[],:"')
 
 
 def preference_order(texts: list[str], excluded: set[int]) -> npt.NDArray[np.int64]:
@@ -102,6 +103,7 @@ class ClosingVocab:
     order: npt.NDArray[np.int64]
     whitespace: npt.NDArray[np.int64]
     kinds: npt.NDArray[np.int64]  # per token id: its first character's kind (see token_kind)
+    structural: npt.NDArray[np.bool_]  # per token id: it holds a JSON structural character
     num_closers: int
     stop_token_ids: tuple[int, ...]
     vocab_size: int
@@ -135,10 +137,14 @@ class ClosingVocab:
             kinds[token_id] = (
                 _CLOSER_KINDS + position if position < closers else token_kind(texts[token_id])
             )
+        structural = np.zeros(tokenizer.vocab_size, dtype=np.bool_)
+        for token_id, text in enumerate(texts):
+            structural[token_id] = any(ch in JSON_STRUCTURE for ch in text)
         return cls(
             order,
             np.array(spaces, dtype=np.int64),
             kinds,
+            structural,
             closers,
             tokenizer.stop_token_ids,
             tokenizer.vocab_size,
@@ -313,11 +319,23 @@ _KIND_SCAN = 256  # allowed candidates looked at for distinct kinds
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _LITERAL_RUN = re.compile(r"[A-Za-z0-9_]{2,}")
 MAX_WORDS = 256
+FORMAT_EXAMPLES = {
+    "date-time": "2000-01-01T00:00:00Z",
+    "date": "2000-01-01",
+    "time": "00:00:00Z",
+    "email": "a@b.co",
+    "uri": "http://a.co",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+    "ipv4": "0.0.0.0",
+}
+"""A short instance of each common string ``format``: its tokens spell the format's value in a
+few tokens instead of one character at a time."""
 
 
 def guide_words(params: GuidedDecodingParams, tokenizer: TokenizerInfo) -> list[int]:
     """The tokens of a guide's own words, longest text first: a JSON schema's property names
-    (required ones first) and string ``enum`` / ``const`` values; a choice's options; the quoted
+    (required ones first), string ``enum`` / ``const`` values and an example of each ``format``
+    (``FORMAT_EXAMPLES``); a choice's options; the quoted
     literals of an EBNF or Lark grammar; the literal runs of a regex. A completion that must
     spell a key or a keyword finds it among them (an open object would otherwise take any
     key)."""
@@ -360,6 +378,9 @@ def _schema_words(node: Any, required: list[str], other: list[str], depth: int) 
             values = node.get(key)
             values = values if isinstance(values, list) else [values]
             other.extend(v for v in values if isinstance(v, str))
+        example = FORMAT_EXAMPLES.get(node.get("format"))  # type: ignore[arg-type]
+        if example is not None:
+            other.append(example)
         for value in node.values():
             _schema_words(value, required, other, depth + 1)
     elif isinstance(node, list):

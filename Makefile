@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(PY) -m guidedec bench decoder --out $(BENCH_OUT)/decoder
 	$(PY) -m guidedec bench fill --out $(BENCH_OUT)/fill
 	$(PY) -m guidedec bench e2e --out $(BENCH_OUT)/e2e
+	$(PY) -m guidedec bench closing --out $(BENCH_OUT)/closing
 
 bench-compliance: $(STAMP)
 	$(PY) -m guidedec bench compliance $(DATA)/jsonschemabench/*.jsonl \

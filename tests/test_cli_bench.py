@@ -20,6 +20,7 @@ def test_bench_apply_runs_the_apply_benchmark(capsys: pytest.CaptureFixture[str]
     ("name", "options"),
     [
         ("apply", ["--batches", "1", "2", "--repeats", "2", "--samples", "1"]),
+        ("closing", ["--schemas", "1", "--seeds", "1", "--rounds", "1"]),
         (
             "decoder",
             ["--backends", "xgrammar", "--batches", "1", "--drafts", "0", "--repeats", "2"],

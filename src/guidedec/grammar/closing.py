@@ -44,7 +44,7 @@ from guidedec.tokenizer import TokenizerInfo
 BRANCHES = 3
 """Subtrees that fail per state before the search backtracks past it (a token that leads back
 to a state on the path does not count)."""
-MAX_CYCLE = 6
+MAX_CYCLE = 16
 """The longest token cycle the search recognises (see ``CompletionSearch._repeats``)."""
 PER_STATE = 12
 """Allowed tokens looked at per state, in preference order."""
@@ -53,6 +53,7 @@ MAX_CANDIDATE_CHARS = 3
 its lowest allowed token ids)."""
 CLOSING_ORDER = "\"}])'>,;:"  # closers, then separators: both end what is open
 CLOSERS = frozenset(CLOSING_ORDER)
+SEPARATORS = frozenset(",;:")
 # Closers, then at most one separator: `"}` or `",` ends things, `","` would open a new key.
 _CLOSING_TOKEN = re.compile("[\"'}\\])>]*[,;:]?")
 OPENERS = frozenset("{[(<")
@@ -60,28 +61,53 @@ JSON_STRUCTURE = frozenset('{}[],:"')
 
 
 def preference_order(texts: list[str], excluded: set[int]) -> npt.NDArray[np.int64]:
-    """Token ids in the order the search tries them (see the module docstring): short printable
-    ASCII tokens (at most ``MAX_CANDIDATE_CHARS`` characters) only, so that the per-state check
-    stays cheap; a guide's longer words come from :func:`guide_words`. Tokens with no text and
-    ``excluded`` ones (stop and added special tokens) are left out."""
+    """Token ids in the order the search tries them (see the module docstring), with the number
+    of leading *structural* ones (closers, balanced structure, separators) that the guide's
+    words follow. Short printable ASCII tokens (at most ``MAX_CANDIDATE_CHARS`` characters)
+    only, so that the per-state check stays cheap; a guide's longer words come from
+    :func:`guide_words`. Tokens with no text and ``excluded`` ones (stop and added special
+    tokens) are left out."""
     keyed = []
     for token_id, text in enumerate(texts):
         printable = text.isascii() and (text.isprintable() or text.isspace())
         if not text or token_id in excluded or not printable or len(text) > MAX_CANDIDATE_CHARS:
             continue
-        if _CLOSING_TOKEN.fullmatch(text):  # by first character, then longest
-            last = CLOSING_ORDER.find(text[-1])
-            keyed.append((0, CLOSING_ORDER.find(text[0]), -len(text), last, token_id))
-        elif any(ch.isspace() for ch in text):
-            keyed.append((3, len(text), 0, 0, token_id))
-        elif any(ch in OPENERS for ch in text):
-            keyed.append((2, len(text), 0, 0, token_id))
-        elif text.isdigit():  # shortest first, "0" first: a number in one token
-            keyed.append((1, len(text) - 100, int(text), 0, token_id))
-        else:  # longest first: a key or a literal in few tokens
-            keyed.append((1, -len(text), 0, 0, token_id))
+        keyed.append((*_preference(text), token_id))
     keyed.sort()
     return np.array([key[-1] for key in keyed], dtype=np.int64)
+
+
+STRUCTURAL_RANKS = 3
+"""Ranks of :func:`_preference` that count as structural (the guide's words come after)."""
+
+
+def _preference(text: str) -> tuple[int, int, int, int, int]:
+    """The sort key of a candidate token: its rank first (see the module docstring)."""
+    if _CLOSING_TOKEN.fullmatch(text) and text[0] not in SEPARATORS:
+        # By first character, `""` (an empty string) first, then longest, then by last
+        # character: `}]` before `},`, which commits to another item.
+        first, last = CLOSING_ORDER.find(text[0]), CLOSING_ORDER.find(text[-1])
+        return (0, first, text != '""', -len(text), last)
+    if all(ch in JSON_STRUCTURE for ch in text) and _balanced(text) and text[-1] != ",":
+        return (1, -len(text), 0, 0, 0)  # `{"`, `,"`, `[]`: one token for two
+    if _CLOSING_TOKEN.fullmatch(text):
+        return (2, CLOSING_ORDER.find(text[0]), -len(text), 0, 0)  # separators
+    if text.isdigit():  # shortest first, "0" first: a number in one token
+        return (3, len(text) - 100, int(text), 0, 0)
+    if any(ch.isspace() for ch in text):
+        return (5, len(text), 0, 0, 0)
+    if any(ch in OPENERS for ch in text):
+        return (4, len(text), 0, 0, 0)
+    return (3, -len(text), 0, 0, 0)  # longest first: a key or a literal in few tokens
+
+
+def _balanced(text: str) -> bool:
+    """Whether a structural token opens at most one bracket it does not close (``{"``, ``[]``,
+    ``,"``, but not ``[{``); one that ends with ``,`` commits to another item and is left out."""
+    depth = 0
+    for ch in text:
+        depth += (ch in "{[") - (ch in "}]")
+    return depth <= 1 and text.count("{") + text.count("[") <= 1
 
 
 _DIGITS, _CLOSER_KINDS, _WORD_KINDS = 1, 1 << 19, 1 << 20
@@ -131,7 +157,7 @@ class ClosingVocab:
         excluded = set(tokenizer.stop_token_ids) | set(hf.get_added_vocab().values())
         order = preference_order(texts, excluded)
         spaces = [t for t in order.tolist() if any(ch.isspace() for ch in texts[t])]
-        closers = sum(1 for t in order.tolist() if _CLOSING_TOKEN.fullmatch(texts[t]))
+        closers = sum(1 for t in order.tolist() if _preference(texts[t])[0] < STRUCTURAL_RANKS)
         kinds = np.zeros(tokenizer.vocab_size, dtype=np.int64)
         for position, token_id in enumerate(order.tolist()):  # each closer a kind of its own
             kinds[token_id] = (

@@ -221,3 +221,33 @@ def test_a_budget_no_completion_fits_says_so() -> None:
     assert outputs[1].finish_reason == "stop" and outputs[1].incomplete is None
     assert re.fullmatch("[a-z]{1,40}", outputs[1].text)
     assert llm.decoder.closer.stats.no_fit >= 1
+
+
+def test_json_numbers_stop_growing_past_the_digit_bound() -> None:
+    """An unbounded integer under a weak model runs to its budget in digits; with closing on,
+    an output holds at most ``MAX_DIGIT_RUN`` digits in a row (plus what the last digit token
+    adds) and still validates."""
+    from guidedec.decoder.closing import MAX_DIGIT_RUN
+
+    guide = GuidedDecodingParams(json_schema={"type": "integer"})
+
+    def run(close: bool) -> list[str]:
+        llm = LLM("tiny-random", max_num_seqs=8)
+        params = [
+            SamplingParams(
+                max_tokens=120,
+                temperature=1.0,
+                seed=s,
+                guided_decoding=guide,
+                close_within_budget=close,
+            )
+            for s in range(8)
+        ]
+        texts = [o.text for o in llm.generate(["Number:"] * 8, params)]
+        llm.close()
+        return texts
+
+    bounded = run(True)
+    assert all(len(t.strip().lstrip("-")) <= MAX_DIGIT_RUN + 2 for t in bounded), bounded
+    assert all(isinstance(json.loads(t), int) for t in bounded)
+    assert max(len(t) for t in run(False)) > MAX_DIGIT_RUN + 2  # the bound did something

@@ -37,6 +37,8 @@ MARGIN = 2
 """Room a witness must leave for the model to choose freely; with less the witness is forced."""
 RETRY_EVERY = 8
 """Tokens between searches for a request that no witness fitted."""
+MAX_DIGIT_RUN = 24
+"""The most ASCII digits in a row that a JSON guided output may hold (see ``_bound_digits``)."""
 CHECK_ROOM = 24
 """Room (tokens left beyond the witness) below which each sampled token is checked: one token
 can commit the output to many more (a further tool call, an optional key)."""
@@ -52,6 +54,7 @@ class ClosingStats:
     forced_rows: int = 0
     no_fit: int = 0
     resampled: int = 0
+    digit_runs_cut: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +63,7 @@ class _SlotState:
     after: tuple[int, list[int]] | None = None  # a checked sampled token and the witness after it
     next_search: int = WINDOW  # search again once tokens_left is at most this
     incomplete: bool = False
+    digit_run: int = 0  # ASCII digits at the end of the output
 
 
 @dataclass
@@ -95,6 +99,7 @@ class BudgetCloser:
         left = req.tokens_left
         assert left is not None
         state = self._slots[req.seq_slot]
+        self._bound_digits(req, state, words)
         witness, after = state.witness, state.after
         state.after = None
         if after is not None and after[0] == req.new_token:
@@ -124,6 +129,29 @@ class BudgetCloser:
             words[token >> 5] = bit - (1 << 32) if bit >= 1 << 31 else bit  # as int32
             self.stats.forced_rows += 1
         # else the model is free; a different token than witness[0] means a new search
+
+    def _bound_digits(self, req: GuidedRequest, state: _SlotState, words: npt.NDArray[Any]) -> None:
+        """Under a JSON guide, forbid all-digit tokens once the output ends with
+        ``MAX_DIGIT_RUN`` digits, where the row allows something else: a number that long has
+        no meaning (float64 keeps 17 significant digits, int64 19), and a weak model otherwise
+        writes digits until its budget runs out."""
+        params = req.guided_decoding_params
+        if params is None or params.guide_type not in (
+            GuideType.JSON_SCHEMA,
+            GuideType.JSON_OBJECT,
+        ):
+            return
+        vocab = self._vocab()
+        token = req.new_token
+        if token is not None and 0 <= token < vocab.digits.shape[0]:
+            length = int(vocab.digits[token])
+            state.digit_run = state.digit_run + length if length else 0
+        if state.digit_run < MAX_DIGIT_RUN:
+            return
+        kept = words & ~vocab.digit_words
+        if (kept & vocab.real_words).any():
+            words[:] = kept
+            self.stats.digit_runs_cut += 1
 
     def checks(self, slot: int, params: GuidedDecodingParams, token: int, tokens_left: int) -> bool:
         """Whether ``token``, sampled for the slot's last closed row, should go through

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from guidedec.bitmask.layout import allocate_bitmask
+from guidedec.bitmask.layout import BITS_PER_WORD, allocate_bitmask
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
@@ -130,6 +130,9 @@ class ClosingVocab:
     whitespace: npt.NDArray[np.int64]
     kinds: npt.NDArray[np.int64]  # per token id: its first character's kind (see token_kind)
     structural: npt.NDArray[np.bool_]  # per token id: it holds a JSON structural character
+    digits: npt.NDArray[np.int16]  # per token id: its length if it is all ASCII digits, else 0
+    digit_words: npt.NDArray[np.int32]  # a bitmask row of the all-digit tokens
+    real_words: npt.NDArray[np.int32]  # a bitmask row of every token below the vocabulary size
     num_closers: int
     stop_token_ids: tuple[int, ...]
     vocab_size: int
@@ -164,13 +167,26 @@ class ClosingVocab:
                 _CLOSER_KINDS + position if position < closers else token_kind(texts[token_id])
             )
         structural = np.zeros(tokenizer.vocab_size, dtype=np.bool_)
+        digits = np.zeros(tokenizer.vocab_size, dtype=np.int16)
         for token_id, text in enumerate(texts):
             structural[token_id] = any(ch in JSON_STRUCTURE for ch in text)
+            if text and text.isascii() and text.isdigit():
+                digits[token_id] = len(text)
+        padded = -(-tokenizer.vocab_size // BITS_PER_WORD) * BITS_PER_WORD
+        bits = np.zeros(padded, dtype=np.bool_)
+        bits[: tokenizer.vocab_size] = digits > 0
+        digit_words = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+        bits[:] = False
+        bits[: tokenizer.vocab_size] = True
+        real_words = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
         return cls(
             order,
             np.array(spaces, dtype=np.int64),
             kinds,
             structural,
+            digits,
+            digit_words,
+            real_words,
             closers,
             tokenizer.stop_token_ids,
             tokenizer.vocab_size,

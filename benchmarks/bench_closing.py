@@ -63,8 +63,11 @@ class Tally:
 
 
 def load_schemas(per_subset: int, llm: LLM) -> list[tuple[str, dict[str, Any]]]:
-    """The first ``per_subset`` schemas of each subset that the engine's guide compiles."""
-    chosen = []
+    """The first ``per_subset`` schemas of each subset that the engine's guide compiles (none
+    where the shared data is not checked out next to the project)."""
+    chosen: list[tuple[str, dict[str, Any]]] = []
+    if not DATA.is_dir():
+        return chosen
     for subset in SUBSETS:
         taken = 0
         for line in (DATA / f"{subset}.jsonl").read_text(encoding="utf-8").splitlines():

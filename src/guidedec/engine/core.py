@@ -56,6 +56,7 @@ from guidedec.engine.sampling import (
 from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
+from guidedec.engine.validation import OutputValidator
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 
@@ -105,6 +106,7 @@ class EngineCore:
         self.grammars = GrammarPool(self.factory, timeout_s=compile_timeout_s)
         self.speculator = speculator
         self.stats = EngineStats()
+        self.validator = OutputValidator()
         self.step_times: deque[StepTimes] = deque(maxlen=STEP_TIMES_KEPT)
         self.overlap = overlap
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-build")
@@ -376,13 +378,25 @@ class EngineCore:
         self.stats.accepted_draft_tokens += accepted
         self._append(req, [*drafts[:accepted], token])
 
+    def _finish_complete(self, req: Request) -> None:
+        """Finish at a stop token: ``stop``, unless the output breaks its JSON schema (a
+        schema its backend only approximates), which ends ``grammar_error`` naming where."""
+        guide = req.params.guided_decoding
+        if guide is not None:
+            problem = self.validator.problem(guide, self.tokenizer.decode(req.output_token_ids))
+            if problem is not None:
+                self.stats.invalid_outputs += 1
+                req.finish("grammar_error", f"request {req.request_id}: {problem}")
+                return
+        req.finish("stop")
+
     def _append(self, req: Request, tokens: Sequence[int]) -> None:
         """Add sampled tokens, finishing at a stop token (the tokenizer's or the request's
         ``stop_token_ids``), ``max_tokens`` or the end of the model's context."""
         stops = (*self.tokenizer.stop_token_ids, *(req.params.stop_token_ids or ()))
         for token in tokens:
             if token in stops:
-                req.finish("stop")
+                self._finish_complete(req)
                 return
             req.output_token_ids.append(token)
             self.stats.generated_tokens += 1

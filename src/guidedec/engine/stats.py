@@ -37,3 +37,4 @@ class EngineStats:
     generated_tokens: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    invalid_outputs: int = 0  # complete outputs that broke their JSON schema (grammar_error)

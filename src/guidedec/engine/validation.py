@@ -1,0 +1,82 @@
+"""Exact or explicit: a JSON output is checked against its full schema before it ends ``stop``.
+
+A backend may enforce a schema only approximately (xgrammar's ``not``, ``if``/``then``, an
+overlapping ``oneOf``; see :mod:`guidedec.grammar.auto_policy`), so an output its grammar
+completes can still break the schema. The engine checks every complete JSON-schema output with
+``jsonschema`` (formats are annotations, as the specification says) and ends one that breaks it
+with ``grammar_error`` and a message naming the keyword and the path, never with ``stop``.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+from guidedec.grammar.cache import guide_cache_key
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
+
+VALIDATORS_KEPT = 256
+"""Compiled validators kept (least recently used first out)."""
+
+
+class OutputValidator:
+    """Checks complete outputs of JSON guides; keeps a validator per schema."""
+
+    def __init__(self) -> None:
+        self._validators: OrderedDict[object, Any] = OrderedDict()
+
+    def problem(self, params: GuidedDecodingParams, text: str) -> str | None:
+        """Why ``text``, a complete output of ``params``, breaks its guide; None when it does
+        not (or when no check applies: a guide other than JSON, a schema ``jsonschema`` cannot
+        evaluate)."""
+        kind = params.guide_type
+        if kind not in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT):
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            return f"the output is not JSON ({exc})"
+        if kind is GuideType.JSON_OBJECT:
+            return None if isinstance(value, dict) else "the output is not a JSON object"
+        validator = self._validator(params)
+        if validator is None:
+            return None
+        try:
+            error = next(iter(validator.iter_errors(value)), None)
+        except Exception:  # an unresolvable $ref, a pattern Python cannot read: cannot judge
+            return None
+        if error is None:
+            return None
+        path = "".join(f"/{part}" for part in error.absolute_path) or "/"
+        return (
+            f"the output breaks its schema at {path} (keyword {error.validator!r}): "
+            f"{error.message[:200]}"
+        )
+
+    def _validator(self, params: GuidedDecodingParams) -> Any:
+        key = guide_cache_key(params)
+        if key in self._validators:
+            self._validators.move_to_end(key)
+            return self._validators[key]
+        validator = _compile(params)
+        self._validators[key] = validator
+        if len(self._validators) > VALIDATORS_KEPT:
+            self._validators.popitem(last=False)
+        return validator
+
+
+def _compile(params: GuidedDecodingParams) -> Any:
+    from jsonschema import Draft202012Validator, validators
+
+    guide = params.guide
+    try:
+        schema = json.loads(guide) if isinstance(guide, str) else guide
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unknown $schema URIs fall back to the default draft
+            cls = validators.validator_for(schema, default=Draft202012Validator)
+            cls.check_schema(schema)
+        return cls(schema)
+    except Exception:  # not a schema jsonschema can read: nothing to check against
+        return None

@@ -5,14 +5,15 @@ with closing on (the default) and off, and what closing costs.
 JSON schemas from the shared JSONSchemaBench subsets (``--schemas`` per subset, the first ones
 that both backends compile) plus regex, EBNF and choice guides, with ``max_tokens`` of 24, 40
 and 64 and ``--seeds`` seeds each. Both modes run the same requests in the same engine, their
-order alternating per round. Reported per mode: outputs that end ``stop`` (complete), per
-budget too; those that also validate (``jsonschema`` for a schema, ``re.fullmatch`` for the
-regex; the others ended ``stop`` under their grammar); outputs cut at ``length``, and those of
-the cut whose note says no completion fitted; wall milliseconds per generated token; for
-closing the search time, searches, forced rows and redraws. Target: 100% complete with closing
-wherever a completion fits the budget. A complete output that does not validate is a schema
-the backend only approximates (xgrammar's ``not``, ``allOf`` and the like), which closing does
-not change.
+order alternating per round. Reported per mode: outputs whose grammar completed within the
+budget (complete: ``stop``, or ``grammar_error`` because the engine's check found the output
+breaks a schema the backend only approximates), per budget too; ``stop`` outputs that validate
+(``jsonschema`` for a schema, ``re.fullmatch`` for the regex; the others ended ``stop`` under
+their grammar) and those that do not (the engine's check should leave none); outputs cut at
+``length``, and those of the cut whose note says no completion fitted; wall milliseconds per
+generated token; for closing the search time, searches, forced rows and redraws. Targets: 100%
+complete with closing wherever a completion fits the budget; no ``stop`` output that breaks
+its schema.
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_closing.py``
 """
@@ -52,8 +53,10 @@ OTHER_GUIDES = {
 
 @dataclass
 class Tally:
-    complete: int = 0  # ended "stop"
-    valid: int = 0
+    complete: int = 0  # the grammar complete within the budget: "stop", or a schema error
+    valid: int = 0  # "stop" and valid
+    invalid_stop: int = 0  # "stop" but breaks its schema (must stay 0)
+    schema_errors: int = 0  # complete, broke the schema: "grammar_error" naming where
     cut: int = 0
     no_fit: int = 0
     other: int = 0
@@ -132,10 +135,18 @@ def run_mode(llm: LLM, batch: list[tuple[str, Any, SamplingParams]], tally: Tall
         tally.tokens += len(out.token_ids)
         counts = tally.by_budget.setdefault(params.max_tokens, [0, 0])
         counts[1] += 1
-        tally.complete += out.finish_reason == "stop"
-        if out.finish_reason == "stop":
+        schema_error = out.finish_reason == "grammar_error" and "breaks its schema" in (
+            out.error or ""
+        )
+        if out.finish_reason == "stop" or schema_error:
             counts[0] += 1
-            tally.valid += is_valid(name, schema, out.text)
+            tally.complete += 1
+        if out.finish_reason == "stop":
+            valid = is_valid(name, schema, out.text)
+            tally.valid += valid
+            tally.invalid_stop += not valid
+        elif schema_error:
+            tally.schema_errors += 1
         elif out.finish_reason == "length":
             tally.cut += 1
             tally.no_fit += "no completion" in (out.incomplete or "")
@@ -178,9 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "| mode | complete | "
         + " | ".join(f"complete at {b}" for b in BUDGETS)
-        + " | complete and valid | cut (length) | cut, no completion fitted | other "
-        "| ms per token |",
-        "|---|---:|" + "---:|" * len(BUDGETS) + "---:|---:|---:|---:|---:|",
+        + " | stop, valid | stop, invalid | schema error | cut (length) "
+        "| cut, no completion fitted | other | ms per token |",
+        "|---|---:|" + "---:|" * len(BUDGETS) + "---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, t in tallies.items():
         per_budget = " | ".join(
@@ -188,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         lines.append(
             f"| {mode} | {100 * t.complete / total:.1f}% | {per_budget} "
-            f"| {100 * t.valid / total:.1f}% | {t.cut} | {t.no_fit} "
-            f"| {t.other} | {1e3 * t.seconds / max(1, t.tokens):.3f} |"
+            f"| {100 * t.valid / total:.1f}% | {t.invalid_stop} | {t.schema_errors} | {t.cut} "
+            f"| {t.no_fit} | {t.other} | {1e3 * t.seconds / max(1, t.tokens):.3f} |"
         )
     on = tallies["closing"]
     per_token = {m: t.seconds / max(1, t.tokens) for m, t in tallies.items()}
@@ -200,10 +211,12 @@ def main(argv: list[str] | None = None) -> None:
         f"rows, {redrawn} redrawn tokens; wall time per token closing / off: "
         f"{per_token['closing'] / per_token['off']:.2f}x",
         f"target: 100% complete with closing wherever a completion fits: {on.complete} of "
-        f"{total} complete ({100 * on.complete / total:.1f}%); {on.no_fit} cut where the search "
-        f"found no completion that fits (the search's completions are short, not always the "
-        f"shortest: such an output may have had one); complete but invalid (a schema the "
-        f"backend approximates): {on.complete - on.valid}",
+        f"{total} ({100 * on.complete / total:.1f}%); {on.no_fit} cut where the search found no "
+        f"completion that fits (its completions are short, not always the shortest: such an "
+        f"output may have had one)",
+        f"target: no output ends stop and breaks its schema: {on.invalid_stop} with closing, "
+        f"{tallies['off'].invalid_stop} off; {on.schema_errors} complete outputs broke a schema "
+        f"the backend approximates and ended grammar_error naming where",
     ]
     text = "\n".join(lines)
     print(text)

@@ -251,3 +251,19 @@ def test_json_numbers_stop_growing_past_the_digit_bound() -> None:
     assert all(len(t.strip().lstrip("-")) <= MAX_DIGIT_RUN + 2 for t in bounded), bounded
     assert all(isinstance(json.loads(t), int) for t in bounded)
     assert max(len(t) for t in run(False)) > MAX_DIGIT_RUN + 2  # the bound did something
+
+
+def test_a_guide_no_completion_fits_is_searched_once() -> None:
+    """A failed search costs its whole budget: a request is not searched again after one, and
+    a guide whose start had no completion within N tokens is not searched from there again."""
+    llm = LLM("tiny-random", max_num_seqs=8)
+    guide = GuidedDecodingParams(json_schema={"type": "array", "minItems": 40})
+    params = [
+        SamplingParams(max_tokens=30, temperature=1.0, seed=s, guided_decoding=guide)
+        for s in range(8)
+    ]
+    outputs = llm.generate(["List:"] * 8, params)
+    llm.close()
+    assert all(o.finish_reason == "length" and o.incomplete for o in outputs)
+    stats = llm.decoder.closer.stats
+    assert stats.searches == 1 and stats.no_fit == 8

@@ -12,8 +12,9 @@ costs no search.
 Cost bounds: no search before ``WINDOW`` tokens are left; after a witness with room to spare the
 next search waits until a third of that room is used up (the distance to a completion seldom
 grows by more than a token per token); a search expands at most ``8 * tokens_left + 16`` states.
-A request for which no witness fits is marked ``incomplete`` (searched again every
-``RETRY_EVERY`` tokens, in case the model closes what it opened on its own).
+A request for which no witness fits is searched no more (its output ends ``length``, with a
+note); a guide whose initial state had none within N tokens is not searched again from there
+with at most N left.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ WINDOW = 64
 """Tokens left at which a request's first search runs."""
 MARGIN = 2
 """Room a witness must leave for the model to choose freely; with less the witness is forced."""
-RETRY_EVERY = 8
-"""Tokens between searches for a request that no witness fitted."""
+GUIDES_KEPT = 1024
+"""Guides whose words and start results are kept (all are dropped when it fills)."""
 MAX_DIGIT_RUN = 24
 """The most ASCII digits in a row that a JSON guided output may hold (see ``_bound_digits``)."""
 CHECK_ROOM = 24
@@ -78,6 +79,7 @@ class BudgetCloser:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
         self._search: CompletionSearch | None = None
         self._words: dict[object, list[int]] = {}
+        self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
         """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
@@ -111,11 +113,22 @@ class BudgetCloser:
             if left > state.next_search:
                 state.witness = None
                 return
-            assert req.guided_decoding_params is not None
-            witness = self._find(req.guided_decoding_params, matcher, left)
+            params = req.guided_decoding_params
+            assert params is not None
+            start = req.new_token is None  # the guide's initial state (the context step)
+            key = guide_cache_key(params)
+            if start and self._start_no_fit.get(key, 0) >= left:
+                witness = None  # this guide's start had no completion within as many tokens
+            else:
+                witness = self._find(params, matcher, left)
             if witness is None:
-                state.witness, state.incomplete = None, True
-                state.next_search = left - RETRY_EVERY
+                # Searched once: a failed search costs its whole budget, and the distance to a
+                # completion seldom shrinks unless the model closes what it opened itself.
+                state.witness, state.incomplete, state.next_search = None, True, -1
+                if start:
+                    if len(self._start_no_fit) >= GUIDES_KEPT:
+                        self._start_no_fit.clear()
+                    self._start_no_fit[key] = max(self._start_no_fit.get(key, 0), left)
                 self.stats.no_fit += 1
                 return
             state.incomplete = False
@@ -220,6 +233,8 @@ class BudgetCloser:
             self._search = CompletionSearch(self.tokenizer)
         key = guide_cache_key(params)
         if key not in self._words:
+            if len(self._words) >= GUIDES_KEPT:
+                self._words.clear()
             self._words[key] = guide_words(params, self.tokenizer)
         start = time.perf_counter()
         witness = self._search.witness(matcher, left, words=self._words[key])

@@ -7,11 +7,12 @@ short completion that ends with a stop token, found through the matcher API by
 ``MARGIN`` tokens of room the row keeps the grammar's mask and the model writes what it wants;
 once it does not, the row allows the witness's next token only, and the output follows the
 witness to its stop token. A witness stays valid while the output follows it, so a forced step
-costs no search.
+costs no search. In between, the engine checks each token the model samples
+(:meth:`BudgetCloser.admits`): one after which no completion fits is drawn again without it.
 
-Cost bounds: no search before ``WINDOW`` tokens are left; after a witness with room to spare the
-next search waits until a third of that room is used up (the distance to a completion seldom
-grows by more than a token per token); a search expands at most ``8 * tokens_left + 16`` states.
+Cost bounds: no search before ``WINDOW`` tokens are left; under a JSON guide with more than
+``CHECK_ROOM`` tokens of room, sampled tokens without a structural character are not checked;
+a search expands at most ``8 * tokens_left + 16`` states.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.

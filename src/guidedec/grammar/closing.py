@@ -8,20 +8,26 @@ runs on what every matcher offers: fill the state's mask, accept a token, roll b
 The search is a depth-first search with backtracking over a few preferred tokens per state:
 
 - a state whose mask allows a stop token is complete (the witness ends there);
-- otherwise the allowed tokens are tried in a fixed preference order, computed once per
-  tokenizer: tokens made only of closing characters (``"`` ``'`` ``}`` ``]`` ``)`` ``>``, longest
-  first), then other tokens without whitespace or opening brackets (longest first, so a key or
-  a literal takes few tokens), then tokens with opening brackets, then whitespace; at most
-  ``BRANCHES`` of them per state;
-- a state whose mask repeats one earlier on the path is pruned: the path made no progress (an
-  extra optional key, a whitespace run), and a shorter way must go around it;
-- at most ``limit`` tokens deep and ``max_nodes`` expansions in all: the search returns None
-  when it finds no witness within them, and the caller treats that as "no completion fits".
+- otherwise the allowed tokens are tried in a fixed preference order (``preference_order``,
+  computed once per tokenizer over its short printable tokens): closers (``"``, ``}``, ``]``,
+  ``)``, ``'``, ``>``; an empty string ``""`` first, ``}]`` before ``},``), one-token structure
+  (``{"``, ``,"``, ``[]``), separators, then the guide's own words (:func:`guide_words`: its
+  property names, literals and format examples), digits (``0`` first), other tokens (longest
+  first), tokens that open brackets, whitespace only where nothing else is allowed; one token
+  per kind (its first character; digits are one kind), at most ``PER_STATE`` of them, and
+  ``BRANCHES`` failed subtrees per state;
+- a token after which the mask is unchanged (content of a string, more digits) is pruned, and
+  so is a token cycle that leads back to the mask it started from (``ab ab`` under ``(ab)*c``);
+- at most ``limit`` tokens deep and ``max_nodes`` expansions in all: the preferred path first,
+  then iterative deepening (which gets around a cycle the preferred tokens run into), then the
+  preferred path with cycles allowed (``minItems: 50`` counts where the mask cannot show it).
+  The search returns None when it finds no witness within them, and the caller treats that as
+  "no completion fits".
 
 The witness is short, not always the shortest: the preference order closes what is open before
 it opens anything, which on JSON, regex, EBNF and choice guides finds completions close to the
-shortest. Each expansion costs one mask fill (about 10 µs at V = 129,280) plus the matcher's
-accept and a rollback; the matcher is back in its state when the search returns.
+shortest. Each expansion costs one mask fill (about 10 µs at V = 129,280) and the choice of its
+candidates (about 40 µs in all); the matcher is back in its state when the search returns.
 """
 
 from __future__ import annotations

@@ -212,10 +212,12 @@ class BaseGuidedDecoder:
         Returns the requests that cannot go on, as ``(request_id, message)``; their rows are
         left unmasked (never all-forbidden), so their logits never become NaN.
         """
-        self.sync.note("host: build")
-        batch = self._batch()
+        sync = self.sync
+        if sync.trace is not None:
+            sync.note("host: build")
+        batch = self._batch()  # the capturable decoder's is the host function's snapshot
         start = time.perf_counter()
-        if self.sync.on_cuda:
+        if sync.on_cuda:
             with nvtx_range("guided_decoder.build"):
                 failures = self._build(batch)
         else:  # no range to push: skip the context manager, on the hot path of a CPU step

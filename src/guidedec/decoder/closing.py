@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
-from guidedec.grammar.closing import ClosingVocab, CompletionSearch, guide_words
+from guidedec.grammar.closing import ClosingVocab, CompletionSearch, DigitTokens, guide_words
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
@@ -155,15 +155,15 @@ class BudgetCloser:
             GuideType.JSON_OBJECT,
         ):
             return
-        vocab = self._vocab()
+        digits = DigitTokens.of(self.tokenizer)
         token = req.new_token
-        if token is not None and 0 <= token < vocab.digits.shape[0]:
-            length = int(vocab.digits[token])
+        if token is not None and 0 <= token < digits.lengths.shape[0]:
+            length = int(digits.lengths[token])
             state.digit_run = state.digit_run + length if length else 0
         if state.digit_run < MAX_DIGIT_RUN:
             return
-        kept = words & ~vocab.digit_words
-        if (kept & vocab.real_words).any():
+        kept = words & ~digits.words
+        if (kept & digits.real_words).any():
             words[:] = kept
             self.stats.digit_runs_cut += 1
 

@@ -116,6 +116,36 @@ def _balanced(text: str) -> bool:
     return depth <= 1 and text.count("{") + text.count("[") <= 1
 
 
+@dataclass(frozen=True)
+class DigitTokens:
+    """The tokens made of ASCII digits only, read from the vocabulary's own strings (fast: no
+    decoding), for the bound on digit runs."""
+
+    lengths: npt.NDArray[np.int16]  # per token id: its length if it is all digits, else 0
+    words: npt.NDArray[np.int32]  # a bitmask row of those tokens
+    real_words: npt.NDArray[np.int32]  # a bitmask row of every token below the vocabulary size
+
+    @classmethod
+    def of(cls, tokenizer: TokenizerInfo) -> DigitTokens:
+        return tokenizer.backend_object("digits", lambda: cls._build(tokenizer))
+
+    @classmethod
+    def _build(cls, tokenizer: TokenizerInfo) -> DigitTokens:
+        size = tokenizer.vocab_size
+        lengths = np.zeros(size, dtype=np.int16)
+        for text, token_id in tokenizer.hf_tokenizer.get_vocab().items():
+            if token_id < size and text.isascii() and text.isdigit():
+                lengths[token_id] = len(text)
+        return cls(lengths, _bitmask_row(lengths > 0), _bitmask_row(np.ones(size, dtype=bool)))
+
+
+def _bitmask_row(allowed: npt.NDArray[np.bool_]) -> npt.NDArray[np.int32]:
+    padded = -(-allowed.shape[0] // BITS_PER_WORD) * BITS_PER_WORD
+    bits = np.zeros(padded, dtype=np.bool_)
+    bits[: allowed.shape[0]] = allowed
+    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+
+
 _DIGITS, _CLOSER_KINDS, _WORD_KINDS = 1, 1 << 19, 1 << 20
 
 
@@ -136,9 +166,6 @@ class ClosingVocab:
     whitespace: npt.NDArray[np.int64]
     kinds: npt.NDArray[np.int64]  # per token id: its first character's kind (see token_kind)
     structural: npt.NDArray[np.bool_]  # per token id: it holds a JSON structural character
-    digits: npt.NDArray[np.int16]  # per token id: its length if it is all ASCII digits, else 0
-    digit_words: npt.NDArray[np.int32]  # a bitmask row of the all-digit tokens
-    real_words: npt.NDArray[np.int32]  # a bitmask row of every token below the vocabulary size
     num_closers: int
     stop_token_ids: tuple[int, ...]
     vocab_size: int
@@ -173,26 +200,13 @@ class ClosingVocab:
                 _CLOSER_KINDS + position if position < closers else token_kind(texts[token_id])
             )
         structural = np.zeros(tokenizer.vocab_size, dtype=np.bool_)
-        digits = np.zeros(tokenizer.vocab_size, dtype=np.int16)
         for token_id, text in enumerate(texts):
             structural[token_id] = any(ch in JSON_STRUCTURE for ch in text)
-            if text and text.isascii() and text.isdigit():
-                digits[token_id] = len(text)
-        padded = -(-tokenizer.vocab_size // BITS_PER_WORD) * BITS_PER_WORD
-        bits = np.zeros(padded, dtype=np.bool_)
-        bits[: tokenizer.vocab_size] = digits > 0
-        digit_words = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
-        bits[:] = False
-        bits[: tokenizer.vocab_size] = True
-        real_words = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
         return cls(
             order,
             np.array(spaces, dtype=np.int64),
             kinds,
             structural,
-            digits,
-            digit_words,
-            real_words,
             closers,
             tokenizer.stop_token_ids,
             tokenizer.vocab_size,

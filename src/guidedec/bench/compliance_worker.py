@@ -16,7 +16,6 @@ import json
 import multiprocessing as mp
 import os
 import time
-import warnings
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ import torch
 
 from guidedec import GuidedDecoder, GuidedDecodingConfig, TokenizerInfo
 from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
+from guidedec.engine.validation import schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
 from guidedec.testing import accepts_output, uniform_guided_generate
@@ -129,17 +129,6 @@ class TimingFactory(GrammarMatcherFactory):
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
         return TimingMatcher(self.inner.create(params), lambda: self.times)
-
-
-def schema_validator(schema: Any) -> Any:
-    """A ``jsonschema`` validator of the schema's declared draft (2020-12 by default); formats
-    are annotations."""
-    from jsonschema import Draft202012Validator, validators
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # unknown $schema URIs fall back to the default draft
-        cls = validators.validator_for(schema, default=Draft202012Validator)
-    return cls(schema)
 
 
 class Evaluator:

@@ -67,16 +67,22 @@ class OutputValidator:
         return validator
 
 
-def _compile(params: GuidedDecodingParams) -> Any:
+def schema_validator(schema: Any) -> Any:
+    """A ``jsonschema`` validator of the schema's declared draft (2020-12 by default); formats
+    are annotations. Raises what ``jsonschema`` raises for a schema it cannot read."""
     from jsonschema import Draft202012Validator, validators
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unknown $schema URIs fall back to the default draft
+        cls = validators.validator_for(schema, default=Draft202012Validator)
+    return cls(schema)
+
+
+def _compile(params: GuidedDecodingParams) -> Any:
     guide = params.guide
     try:
-        schema = json.loads(guide) if isinstance(guide, str) else guide
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # unknown $schema URIs fall back to the default draft
-            cls = validators.validator_for(schema, default=Draft202012Validator)
-            cls.check_schema(schema)
-        return cls(schema)
+        validator = schema_validator(json.loads(guide) if isinstance(guide, str) else guide)
+        validator.check_schema(validator.schema)
+        return validator
     except Exception:  # not a schema jsonschema can read: nothing to check against
         return None

@@ -79,6 +79,7 @@ class BudgetCloser:
     def __post_init__(self) -> None:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
         self._search: CompletionSearch | None = None
+        self._digits: DigitTokens | None = None  # built at the first JSON row
         self._words: dict[object, list[int]] = {}
         self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
 
@@ -155,7 +156,9 @@ class BudgetCloser:
             GuideType.JSON_OBJECT,
         ):
             return
-        digits = DigitTokens.of(self.tokenizer)
+        digits = self._digits
+        if digits is None:
+            digits = self._digits = DigitTokens.of(self.tokenizer)
         token = req.new_token
         if token is not None and 0 <= token < digits.lengths.shape[0]:
             length = int(digits.lengths[token])

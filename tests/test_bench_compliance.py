@@ -43,6 +43,19 @@ BAD = [
     },
     {"file": "crash_me", "schema": GOOD_SCHEMA, "tests": [{"data": {"a": 2}, "valid": True}]},
 ]
+# xgrammar ignores ``not``: random outputs often write a string this short, and llguidance refuses.
+APPROX = [
+    {
+        "file": "short_words",
+        "schema": {
+            "type": "object",
+            "properties": {"w": {"type": "string", "not": {"maxLength": 3}}},
+            "required": ["w"],
+            "additionalProperties": False,
+        },
+        "tests": [{"data": {"w": "abcd"}, "valid": True}, {"data": {"w": "ab"}, "valid": False}],
+    }
+]
 RECORD_FIELDS = {
     "compiled",
     "error",
@@ -64,7 +77,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
     if not JME.exists() or not SUITE_FILE.exists():
         pytest.skip(f"shared data not found under {DATA}")
     tmp = tmp_path_factory.mktemp("compliance")
-    for name, items in (("good", GOOD), ("bad", BAD)):
+    for name, items in (("good", GOOD), ("bad", BAD), ("approx", APPROX)):
         (tmp / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in items) + "\n")
     suite = tmp / "suite"
     suite.mkdir()
@@ -77,6 +90,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
                 str(JME),
                 str(tmp / "good.jsonl"),
                 str(tmp / "bad.jsonl"),
+                str(tmp / "approx.jsonl"),
                 str(suite),
                 "--limit",
                 "3",
@@ -98,7 +112,7 @@ def test_outputs_exist(run: tuple[Path, dict[str, Any], str]) -> None:
     assert (out / "workers.log").exists()  # the backends' own warnings go there
     for name in ("summary.md", "misses.md", "compliance.json", "coverage.png", "mask_times.png"):
         assert (out / name).stat().st_size > 0, name
-    assert set(payload["summary"]) == {"JME", "good", "bad", "suite", "all"}
+    assert set(payload["summary"]) == {"JME", "good", "bad", "approx", "suite", "all"}
     assert summary.startswith("| subset | backend |")
     assert "| good | auto | 1 | 1 | 100.0 | 0 | 0 |" in summary
 
@@ -106,8 +120,8 @@ def test_outputs_exist(run: tuple[Path, dict[str, Any], str]) -> None:
 def test_records_and_counts(run: tuple[Path, dict[str, Any], str]) -> None:
     _, payload, _ = run
     assert (
-        len(payload["schemas"]) == 3 + 1 + 2 + 2
-    )  # JME --limit 3, good 1, bad 2, maxLength's 2 groups
+        len(payload["schemas"]) == 3 + 1 + 2 + 1 + 2
+    )  # JME --limit 3, good 1, bad 2, approx 1, maxLength's 2 groups
     for rec in payload["schemas"]:
         assert set(rec["backends"]) == set(ALL)
         for result in rec["backends"].values():
@@ -189,3 +203,18 @@ def test_model_generations_with_the_reference_engine(tmp_path: Path) -> None:
     assert summary["model_terminated"] >= 1  # seeded: the greedy output stops
     assert summary["model_compliance_pct"] == 100.0
     assert "| good | xgrammar | 2 |" in (out / "summary.md").read_text()
+
+
+def test_generation_with_the_engine_defaults(run: tuple[Path, dict[str, Any], str]) -> None:
+    """Generation runs with the backend alone and with the engine's defaults: on a schema
+    xgrammar approximates, some outputs stop invalid alone, none do with the defaults (steering
+    rewrites or the final check ends them), and the summary reports both."""
+    _, payload, summary = run
+    for name in ("xgrammar", "auto"):
+        s = payload["summary"]["approx"][name]
+        assert s["gen_plain_invalid"] > 0, s
+        assert s["gen_terminated"] == s["gen_valid"], s
+        assert s["gen_steered"] + s["gen_caught"] > 0, s
+        assert s["gen_us_per_token"] > 0 and s["gen_plain_us_per_token"] > 0
+    assert "| subset | backend | stopped invalid, backend alone |" in summary
+    assert payload["summary"]["approx"]["llguidance"]["compiled"] == 0

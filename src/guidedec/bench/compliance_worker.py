@@ -27,10 +27,11 @@ import torch
 
 from guidedec import GuidedDecoder, GuidedDecodingConfig, TokenizerInfo
 from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
-from guidedec.engine.validation import schema_validator
+from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
 from guidedec.testing import accepts_output, uniform_guided_generate
+from guidedec.testing.generate import EngineChecks
 
 BACKENDS = ("xgrammar", "llguidance")
 ALL = (*BACKENDS, "auto")
@@ -43,6 +44,8 @@ MODEL_SAMPLES = 2  # with --model: one greedy and one sampled output per schema 
 MODEL_MAX_TOKENS = 96
 MODEL_PROMPT = "Write one JSON value that follows this JSON schema.\nSchema: {schema}\nJSON: "
 _ERROR_CHARS = 300
+# What the engine's checks say of an output they end (see guidedec.engine.validation).
+_SCHEMA_ERRORS = ("the output breaks its schema", "the output is not")
 _MAX_ERRORS = 5
 
 
@@ -80,6 +83,14 @@ class Outcome:
     gen_valid: int = 0
     gen_unchecked: int = 0
     gen_errors: list[str] = field(default_factory=list)
+    gen_caught: int = 0  # ended by the engine's checks: the output broke its schema
+    gen_steered: int = 0  # sampled tokens drawn again by steering
+    gen_forced: int = 0  # rows budget-aware closing restricted to its witness
+    gen_s: float = 0.0  # the generation with the checks
+    gen_plain_s: float = 0.0  # the same generation without them
+    gen_plain_invalid: int = 0  # without them: outputs that stopped and broke their schema
+    gen_plain_tokens: int = 0
+    gen_tokens: int = 0
     model_outputs: int = 0
     model_terminated: int = 0
     model_valid: int = 0
@@ -104,6 +115,7 @@ class TimingMatcher(GrammarMatcher):
     def __init__(self, inner: GrammarMatcher, times: Callable[[], array[float]]) -> None:
         self.inner = inner
         self.times = times
+        self.backend = inner.backend
 
     def accept_token(self, token_id: int) -> bool:
         return self.inner.accept_token(token_id)
@@ -154,6 +166,7 @@ class Evaluator:
         self.factories["auto"] = self.auto
         self.bitmask = torch.zeros(1, bitmask_size(tokenizer.vocab_size), dtype=BITMASK_DTYPE)
         self.decoders: dict[str, tuple[GuidedDecoder, TimingFactory]] = {}
+        self.output_validator = OutputValidator()
 
     def clear(self) -> None:
         for name in BACKENDS:
@@ -241,17 +254,39 @@ class Evaluator:
                 vocab_size=self.tokenizer.vocab_size,
                 factory=timing,
             )
+            decoder.closer.vocab()  # built once per worker, not within a schema's timing
             self.decoders[name] = (decoder, timing)
         decoder, timing = self.decoders[name]
         timing.times = times
-        outputs = uniform_guided_generate(
+        validator = _validator_or_note(schema, out.gen_errors)
+        # First without the engine's checks (the backend alone: timing and what would stop
+        # invalid), then with them (the defaults: the figures of the main table).
+        start = time.perf_counter()
+        plain = uniform_guided_generate(
             decoder, [params] * GEN_SAMPLES, seed=GEN_SEED, max_tokens=GEN_MAX_TOKENS
         )
-        validator = _validator_or_note(schema, out.gen_errors)
+        out.gen_plain_s = time.perf_counter() - start
+        for output in plain:
+            verdict = validate(validator, self.tokenizer.decode(output.token_ids))
+            invalid = verdict is not None and not verdict.startswith("unchecked")
+            out.gen_plain_invalid += output.finished and invalid
+        checks = EngineChecks(validator=self.output_validator)
+        closing = decoder.closer.stats
+        forced, start = closing.forced_rows, time.perf_counter()
+        outputs = uniform_guided_generate(
+            decoder, [params] * GEN_SAMPLES, seed=GEN_SEED, max_tokens=GEN_MAX_TOKENS, checks=checks
+        )
+        out.gen_s = time.perf_counter() - start
+        assert checks.steering is not None
+        out.gen_steered = checks.steering.stats.steered
+        out.gen_forced = closing.forced_rows - forced
+        out.gen_tokens = sum(len(output.token_ids) + output.finished for output in outputs)
+        out.gen_plain_tokens = sum(len(output.token_ids) + output.finished for output in plain)
         out.gen_outputs = len(outputs)
         for output in outputs:
             if output.error is not None:
                 _note(out.gen_errors, f"decoder: {output.error}")
+                out.gen_caught += output.error.startswith(_SCHEMA_ERRORS)
             if not output.finished:
                 continue
             out.gen_terminated += 1

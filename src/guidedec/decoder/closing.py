@@ -41,6 +41,8 @@ GUIDES_KEPT = 1024
 """Guides whose words and start results are kept (all are dropped when it fills)."""
 MAX_DIGIT_RUN = 24
 """The most ASCII digits in a row that a JSON guided output may hold (see ``_bound_digits``)."""
+REPLAY_SKIPS = 3
+"""Leading tokens of the previous witness a replay may skip (the sampled token wrote them)."""
 CHECK_ROOM = 24
 """Room (tokens left beyond the witness) below which each sampled token is checked: one token
 can commit the output to many more (a further tool call, an optional key)."""
@@ -111,7 +113,8 @@ class BudgetCloser:
         elif witness and len(witness) > 1 and req.new_token == witness[0]:
             witness = witness[1:]  # the output followed the witness: still valid
         else:
-            witness = None
+            witness = _replayed(matcher, state.witness, left)
+        if witness is None:
             if left > state.next_search:
                 state.witness = None
                 return
@@ -185,9 +188,10 @@ class BudgetCloser:
             return True  # cheap: admits takes the rest of the witness
         roomy = len(witness) + CHECK_ROOM < tokens_left
         json_guide = params.guide_type in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
-        return not (roomy and json_guide and not self._vocab().structural[token])
+        return not (roomy and json_guide and not self.vocab().structural[token])
 
-    def _vocab(self) -> ClosingVocab:
+    def vocab(self) -> ClosingVocab:
+        """The decoded vocabulary the search reads (built at first use, ~1 s)."""
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
         return self._search.vocab
@@ -214,7 +218,9 @@ class BudgetCloser:
         try:
             if matcher.is_terminated():
                 return True
-            found = self._find(params, matcher, tokens_left - 1)
+            found = _replayed(matcher, witness, tokens_left - 1)
+            if found is None:
+                found = self._find(params, matcher, tokens_left - 1)
         finally:
             matcher.rollback(1)
         if found is None:
@@ -246,3 +252,27 @@ class BudgetCloser:
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes
         return witness
+
+
+def _replayed(matcher: GrammarMatcher, witness: list[int] | None, limit: int) -> list[int] | None:
+    """The previous witness (or the rest of it after its first few tokens) when it still completes
+    the matcher's state within ``limit`` tokens: a sampled token inside a string or a number
+    seldom changes how the output can end, and a replay costs no mask fill. The matcher is
+    left as it was."""
+    if not witness:
+        return None
+    for skip in range(min(REPLAY_SKIPS, len(witness)) + 1):
+        candidate = witness[skip:]
+        if not candidate or len(candidate) > limit:
+            continue
+        accepted = 0
+        for token in candidate:
+            if not matcher.accept_token(token):
+                break
+            accepted += 1
+        complete = accepted == len(candidate) and matcher.is_terminated()
+        if accepted:
+            matcher.rollback(accepted)
+        if complete:
+            return candidate
+    return None

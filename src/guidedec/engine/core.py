@@ -56,9 +56,11 @@ from guidedec.engine.sampling import (
 from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
+from guidedec.engine.steering import NO_FIT, ValueSteering, first_admitted
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.params import GuidedDecodingParams
 
 Speculator = NgramSpeculator | DraftModelSpeculator
 
@@ -107,6 +109,9 @@ class EngineCore:
         self.speculator = speculator
         self.stats = EngineStats()
         self.validator = OutputValidator()
+        self.steering = ValueSteering(
+            self.validator, lambda: self.decoder.closer.vocab().structural
+        )
         self.step_times: deque[StepTimes] = deque(maxlen=STEP_TIMES_KEPT)
         self.overlap = overlap
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-build")
@@ -263,15 +268,13 @@ class EngineCore:
                 if s.is_last_chunk:
                     token = drawn.get(req.request_id)
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    self._append(
-                        req, [self._within_budget(s, rows.stop - 1, token, logits, sparse)]
-                    )
+                    self._append(req, [self._checked(s, rows.stop - 1, token, logits, sparse)])
                     req.metrics.first_token = time.perf_counter()
             else:
                 token = drawn.get(req.request_id)
                 if len(s.token_ids) == 1:  # no drafts: the one token, checked for closing
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    token = self._within_budget(s, rows.stop - 1, token, logits, sparse)
+                    token = self._checked(s, rows.stop - 1, token, logits, sparse)
                 self._verify(req, s, logits[rows], best[rows], token)
             req.generation_only_first = False
 
@@ -300,7 +303,7 @@ class EngineCore:
         tokens = sample(logits, params, generators, rows=rows, allowed=sparse)
         return dict(zip(ids, tokens, strict=True))
 
-    def _within_budget(
+    def _checked(
         self,
         s: Scheduled,
         row: int,
@@ -310,27 +313,49 @@ class EngineCore:
     ) -> int:
         """``token``, or another one sampled from the same row without it, when after it no
         completion of the request's guide fits what is left of its budget (budget-aware
-        closing; see :meth:`guidedec.decoder.closing.BudgetCloser.admits`). The draw is the
-        row's distribution restricted to the tokens that keep a completion in reach."""
+        closing; see :meth:`guidedec.decoder.closing.BudgetCloser.admits`) or it closes a value
+        that breaks the request's schema (see :mod:`guidedec.engine.steering`). The draw is the
+        row's distribution restricted to the tokens that pass."""
         req = s.request
         guide, slot = req.params.guided_decoding, req.slot
-        if guide is None or slot is None or not req.params.close_within_budget:
+        if guide is None or slot is None:
+            return token
+        matcher = self.decoder.grammar_matchers[slot]
+        if matcher is None:
+            return token
+        if req.steered is None:
+            req.steered = self.steering.applies(guide, matcher)
+        closing, steering = req.params.close_within_budget, req.steered
+        if not closing and not steering:
             return token
         closer, left = self.decoder.closer, req.tokens_left(self.max_model_len)
-        matcher = self.decoder.grammar_matchers[slot]
-        if matcher is None or not closer.checks(slot, guide, token, left):
+
+        def refusal(candidate: int) -> str | None:
+            problem = self._breaks_schema(req, guide, candidate) if steering else None
+            if problem is not None:
+                self.steering.stats.steered += 1
+                return problem
+            if closing and closer.checks(slot, guide, candidate, left):
+                return None if closer.admits(slot, matcher, guide, candidate, left) else NO_FIT
+            return None
+
+        token, refused = first_admitted(
+            token, refusal, lambda banned: self._redraw(req, row, logits, sparse, banned)
+        )
+        if refused is None:
             return token
-        banned: list[int] = []
-        for _ in range(MAX_RESAMPLES):
-            if closer.admits(slot, matcher, guide, token, left):
-                return token
-            banned.append(token)
-            redrawn = self._redraw(req, row, logits, sparse, banned)
-            if redrawn is None:
-                break
-            token = redrawn
+        if refused != NO_FIT:  # no draw keeps the output valid
+            self.steering.stats.given_up += 1
+            req.broken = refused
+            return token
         fallback = closer.fallback(slot)
         return token if fallback is None else fallback
+
+    def _breaks_schema(self, req: Request, guide: GuidedDecodingParams, token: int) -> str | None:
+        if not self.steering.needs_check(token) or token in self.tokenizer.stop_token_ids:
+            return None
+        text = self.tokenizer.decode([*req.output_token_ids, token])
+        return self.steering.problem(guide, text)
 
     def _redraw(
         self,
@@ -400,6 +425,10 @@ class EngineCore:
                 return
             req.output_token_ids.append(token)
             self.stats.generated_tokens += 1
+            if req.broken is not None:  # a settled value breaks the schema: no way back
+                self.stats.invalid_outputs += 1
+                req.finish("grammar_error", f"request {req.request_id}: {req.broken}")
+                return
             full = len(req.all_token_ids) >= self.max_model_len
             if len(req.output_token_ids) >= req.params.max_tokens or full:
                 req.finish("length")
@@ -511,10 +540,6 @@ def _timed_build(decoder: GuidedDecoder) -> tuple[list[tuple[int, str]], float]:
 def _slot(s: Scheduled) -> int:
     assert s.request.slot is not None
     return s.request.slot
-
-
-MAX_RESAMPLES = 4
-"""Draws of one row that budget-aware closing may refuse before it takes its witness's token."""
 
 
 def _draws_one(s: Scheduled) -> bool:

@@ -92,6 +92,8 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     incomplete: str | None = None
+    steered: bool | None = None  # its tokens are checked against its schema (None: not known yet)
+    broken: str | None = None  # a settled value breaks its schema (see guidedec.engine.steering)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property

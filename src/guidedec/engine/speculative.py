@@ -32,8 +32,11 @@ def draft_budget(
 ) -> int:
     """Draft tokens worth proposing: never past ``max_tokens`` or the model's context, and none
     where budget-aware closing may act on the coming rows (see
-    :meth:`guidedec.decoder.closing.BudgetCloser.acts_within`)."""
+    :meth:`guidedec.decoder.closing.BudgetCloser.acts_within`), and none for a request whose
+    tokens are checked against its schema (see :mod:`guidedec.engine.steering`)."""
     params = request.params
+    if params.guided_decoding is not None and request.steered is not False:
+        return 0
     if (
         decoder is not None
         and request.slot is not None

@@ -14,7 +14,6 @@ import warnings
 from collections import OrderedDict
 from typing import Any
 
-from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 
 VALIDATORS_KEPT = 256
@@ -40,23 +39,18 @@ class OutputValidator:
             return f"the output is not JSON ({exc})"
         if kind is GuideType.JSON_OBJECT:
             return None if isinstance(value, dict) else "the output is not a JSON object"
-        validator = self._validator(params)
+        validator = self.validator_for(params)
         if validator is None:
             return None
         try:
             error = next(iter(validator.iter_errors(value)), None)
         except Exception:  # an unresolvable $ref, a pattern Python cannot read: cannot judge
             return None
-        if error is None:
-            return None
-        path = "".join(f"/{part}" for part in error.absolute_path) or "/"
-        return (
-            f"the output breaks its schema at {path} (keyword {error.validator!r}): "
-            f"{error.message[:200]}"
-        )
+        return None if error is None else describe_error(error)
 
-    def _validator(self, params: GuidedDecodingParams) -> Any:
-        key = guide_cache_key(params)
+    def validator_for(self, params: GuidedDecodingParams) -> Any:
+        """The ``jsonschema`` validator of a JSON-schema guide (None if it cannot judge)."""
+        key = (params.guide_type, params.guide)  # cheap; equal schemas spelt apart: two entries
         if key in self._validators:
             self._validators.move_to_end(key)
             return self._validators[key]
@@ -65,6 +59,15 @@ class OutputValidator:
         if len(self._validators) > VALIDATORS_KEPT:
             self._validators.popitem(last=False)
         return validator
+
+
+def describe_error(error: Any) -> str:
+    """A ``jsonschema`` error as guidedec reports it: where, which keyword, what."""
+    path = "".join(f"/{part}" for part in error.absolute_path) or "/"
+    return (
+        f"the output breaks its schema at {path} (keyword {error.validator!r}): "
+        f"{error.message[:200]}"
+    )
 
 
 def schema_validator(schema: Any) -> Any:

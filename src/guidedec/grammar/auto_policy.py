@@ -19,6 +19,7 @@ from itertools import combinations
 from typing import Any
 
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.schema_rewrite import rewrite_for_xgrammar
 from guidedec.grammar.schema_walk import (
     Schema,
     anchored,
@@ -259,9 +260,10 @@ RULES: tuple[Callable[[Schema, Any], str | None], ...] = (
 
 
 def xgrammar_inexact_reason(schema_text: str) -> str | None:
-    """Why xgrammar would not enforce this JSON schema exactly, or None if it would."""
+    """Why xgrammar would not enforce this JSON schema exactly, or None if it would (after
+    :func:`guidedec.grammar.schema_rewrite.rewrite_for_xgrammar`, which the backend applies)."""
     try:
-        root = json.loads(schema_text)
+        root = json.loads(rewrite_for_xgrammar(schema_text))
     except (json.JSONDecodeError, RecursionError):
         return None  # both backends reject it; xgrammar names the problem
     for node in reachable_schemas(root):
@@ -307,7 +309,7 @@ def xgrammar_too_costly(schema_text: str) -> str | None:
     compiles any of these in milliseconds.
     """
     try:
-        rules = xgrammar_costly_rules(json.loads(schema_text))
+        rules = xgrammar_costly_rules(json.loads(rewrite_for_xgrammar(schema_text)))
     except (json.JSONDecodeError, RecursionError):
         return None
     if rules > XGRAMMAR_MAX_COSTLY_RULES:

@@ -18,6 +18,9 @@ class GrammarMatcher(ABC):
     (speculative decoding). Once a stop token is accepted the matcher is terminated.
     """
 
+    backend = ""
+    """The name of the backend whose grammar the matcher runs (``xgrammar``, ``llguidance``)."""
+
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token. Returns False (state unchanged) if the grammar rejects it, and

@@ -29,6 +29,7 @@ from guidedec.grammar.matcher import (
     fill_one_by_one,
 )
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.schema_rewrite import rewrite_for_xgrammar
 from guidedec.tokenizer import TokenizerInfo
 
 BACKEND = "xgrammar"
@@ -186,7 +187,8 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
             return self._compile_json(ANY_OBJECT_SCHEMA)
         if guide_type is GuideType.JSON_SCHEMA:
             assert isinstance(guide, str)
-            return self._compile_json(_checked_json(guide, "json_schema"))
+            schema = rewrite_for_xgrammar(_checked_json(guide, "json_schema"))
+            return self._compile_json(schema)
         if guide_type is GuideType.CHOICE:
             assert isinstance(guide, tuple)
             return self._compiler.compile_grammar(choice_to_ebnf(guide))

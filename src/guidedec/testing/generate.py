@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.engine.steering import NO_FIT, ValueSteering, first_admitted
+from guidedec.engine.validation import OutputValidator
 from guidedec.grammar import GuidedDecodingParams
 
 
@@ -20,6 +23,7 @@ class GeneratedOutput:
     token_ids: list[int]
     finished: bool  # a stop token was sampled (the guide was complete)
     error: str | None = None
+    steered: bool | None = None  # with EngineChecks: its tokens were checked by steering
 
 
 def sample_from_logits(
@@ -62,12 +66,25 @@ def random_guided_generate(
     return _generate(decoder, guides, max_tokens, step)
 
 
+@dataclass
+class EngineChecks:
+    """The engine's defaults around sampling, for :func:`uniform_guided_generate`: budget-aware
+    closing (every request carries ``tokens_left``; a sampled token after which no completion
+    fits is drawn again), steering (:mod:`guidedec.engine.steering`) and the final schema check
+    (an output that breaks its JSON schema ends with an error, not as finished)."""
+
+    validator: OutputValidator = field(default_factory=OutputValidator)
+    steering: ValueSteering | None = None
+    check_s: float = 0.0  # time spent in the checks above (the decoder's closing excluded)
+
+
 def uniform_guided_generate(
     decoder: GuidedDecoder,
     guides: Sequence[GuidedDecodingParams],
     *,
     seed: int = 0,
     max_tokens: int = 256,
+    checks: EngineChecks | None = None,
 ) -> list[GeneratedOutput]:
     """:func:`random_guided_generate` at temperature 1, sampled straight from the bitmask.
 
@@ -75,11 +92,14 @@ def uniform_guided_generate(
     exchangeable), so this draws uniformly among the tokens each row's mask allows: the same
     distribution of outputs, without drawing and masking a vocabulary of logits per step (about
     ten times faster at V = 129,280). Rows without a mask (unguided, failed) draw from the whole
-    vocabulary.
+    vocabulary. With ``checks``, each output goes through what the engine does by default.
     """
     rng = np.random.default_rng(seed)
     bitmask, token_mask = decoder.bitmask_host.numpy(), decoder.token_mask_host.numpy()
     vocab_size = decoder.vocab_size
+    if checks is not None and checks.steering is None:
+        closer = decoder.closer
+        checks.steering = ValueSteering(checks.validator, lambda: closer.vocab().structural)
 
     def step(num_live: int) -> tuple[dict[int, str], list[int]]:
         failed = dict(decoder.build())
@@ -91,7 +111,17 @@ def uniform_guided_generate(
                 tokens.append(int(rng.integers(vocab_size)))
         return failed, tokens
 
-    return _generate(decoder, guides, max_tokens, step)
+    def redraw(row: int, banned: list[int]) -> int | None:
+        words = bitmask[row].copy()
+        bits = words.view(np.uint32)
+        for token in banned:
+            bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
+        try:
+            return sample_allowed_token(words, vocab_size, rng)
+        except ValueError:
+            return None
+
+    return _generate(decoder, guides, max_tokens, step, checks, redraw)
 
 
 def sample_allowed_token(
@@ -133,31 +163,98 @@ def _generate(
     guides: Sequence[GuidedDecodingParams],
     max_tokens: int,
     step: Callable[[int], tuple[dict[int, str], list[int]]],
+    checks: EngineChecks | None = None,
+    redraw: Callable[[int, list[int]], int | None] | None = None,
 ) -> list[GeneratedOutput]:
     """The loop of the generators above: ``step(num_live)`` masks the batch added to
-    ``decoder`` and returns its failures and one sampled token per live row."""
+    ``decoder`` and returns its failures and one sampled token per live row; with ``checks``,
+    each sampled token goes through them (``redraw(row, banned)`` draws again)."""
     if len(guides) > decoder.max_num_sequences:
         raise ValueError(f"{len(guides)} guides for {decoder.max_num_sequences} slots")
     stop_ids = set(decoder.config.tokenizer.stop_token_ids)
     outputs = [GeneratedOutput([], False) for _ in guides]
     live = list(range(len(guides)))
-    step_requests = [GuidedRequest.context(guides[i], request_id=i, seq_slot=i) for i in live]
+    left = max_tokens if checks is not None else None
+    step_requests = [
+        GuidedRequest.context(guides[i], request_id=i, seq_slot=i, tokens_left=left) for i in live
+    ]
     for _ in range(max_tokens):
         decoder.add_batch(step_requests)
         failed, sampled = step(len(live))
         still_live, step_requests = [], []
-        for i, token in zip(live, sampled, strict=True):
+        for row, (i, token) in enumerate(zip(live, sampled, strict=True)):
+            out = outputs[i]
+            if i not in failed and checks is not None:
+                assert redraw is not None
+                start = time.perf_counter()
+                token = _checked(decoder, checks, guides[i], i, out, token, max_tokens, row, redraw)
+                if out.error is None and token in stop_ids:
+                    problem = checks.validator.problem(
+                        guides[i], decoder.config.tokenizer.decode(out.token_ids)
+                    )
+                    out.error = problem
+                checks.check_s += time.perf_counter() - start
             if i in failed:
-                outputs[i].error = failed[i]
+                out.error = failed[i]
+            elif out.error is not None:
+                pass  # the checks ended it
             elif token in stop_ids:
-                outputs[i].finished = True
+                out.finished = True
             else:
-                outputs[i].token_ids.append(token)
+                out.token_ids.append(token)
                 still_live.append(i)
+                left = max_tokens - len(out.token_ids) if checks is not None else None
                 step_requests.append(
-                    GuidedRequest.generation(guides[i], request_id=i, seq_slot=i, new_token=token)
+                    GuidedRequest.generation(
+                        guides[i], request_id=i, seq_slot=i, new_token=token, tokens_left=left
+                    )
                 )
         live = still_live
         if not live:
             break
     return outputs
+
+
+def _checked(
+    decoder: GuidedDecoder,
+    checks: EngineChecks,
+    guide: GuidedDecodingParams,
+    slot: int,
+    out: GeneratedOutput,
+    token: int,
+    max_tokens: int,
+    row: int,
+    redraw: Callable[[int, list[int]], int | None],
+) -> int:
+    """The engine's checks of one sampled token (see ``EngineCore._checked``); sets
+    ``out.error`` when steering gives up."""
+    matcher, steering = decoder.grammar_matchers[slot], checks.steering
+    assert steering is not None
+    if matcher is None:
+        return token
+    steered = out.steered
+    if steered is None:
+        steered = out.steered = steering.applies(guide, matcher)
+    closer, left = decoder.closer, max_tokens - len(out.token_ids)
+    tokenizer = decoder.config.tokenizer
+
+    def refusal(candidate: int) -> str | None:
+        stop = candidate in tokenizer.stop_token_ids
+        if steered and not stop and steering.needs_check(candidate):
+            problem = steering.problem(guide, tokenizer.decode([*out.token_ids, candidate]))
+            if problem is not None:
+                steering.stats.steered += 1
+                return problem
+        if closer.checks(slot, guide, candidate, left):
+            return None if closer.admits(slot, matcher, guide, candidate, left) else NO_FIT
+        return None
+
+    token, refused = first_admitted(token, refusal, lambda banned: redraw(row, banned))
+    if refused is None:
+        return token
+    if refused != NO_FIT:
+        steering.stats.given_up += 1
+        out.error = refused
+        return token
+    fallback = closer.fallback(slot)
+    return token if fallback is None else fallback

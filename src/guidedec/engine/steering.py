@@ -1,0 +1,147 @@
+"""Steering: a value that would break its JSON schema is not written, where the model has another.
+
+xgrammar enforces some schemas only approximately (``not``, ``if``/``then``, an overlapping
+``oneOf``, ``uniqueItems``: :func:`guidedec.grammar.auto_policy.xgrammar_inexact_reason`), so
+its grammar lets through values the schema forbids. For such a request the engine checks each
+sampled token that holds a JSON structural character: it reads the output so far plus the
+token with :func:`guidedec.grammar.json_prefix.scan_prefix` and validates the complete values
+against the full schema with ``jsonschema``. An error in a value that is now closed is settled
+(nothing later can repair it), so the token is drawn again without it, from the same row.
+Errors where the output is still open (a ``required`` key not yet written, an ``oneOf`` over an
+object still growing) are left for later; so are errors reached through keywords that read
+other parts of the instance (``if``/``then``/``else``, ``dependentSchemas``, ``unevaluated*``),
+until the whole output is closed.
+
+When every draw breaks the schema the output cannot be made valid: the engine ends it with
+``grammar_error`` at once, naming the keyword and the path. A steered request proposes no draft
+tokens (each of its tokens is checked). Outputs that never break the schema are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from guidedec.engine.validation import OutputValidator, describe_error
+from guidedec.grammar.auto_policy import XGRAMMAR, xgrammar_inexact_reason
+from guidedec.grammar.json_prefix import scan_prefix
+from guidedec.grammar.matcher import GrammarMatcher
+from guidedec.grammar.params import GuidedDecodingParams, GuideType
+
+CONTEXTUAL_KEYWORDS = frozenset(
+    {
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+        "dependencies",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "$dynamicRef",
+    }
+)
+"""Keywords whose verdict on a value depends on other parts of the instance."""
+GUIDES_KEPT = 1024
+MAX_RESAMPLES = 4
+"""Draws of one row that closing or steering may refuse before the engine gives up on better."""
+NO_FIT = ""
+"""The refusal of budget-aware closing: no completion fits after the token."""
+
+
+@dataclass(slots=True)
+class SteeringStats:
+    """What steering did, summed over the engine's life."""
+
+    checks: int = 0  # sampled tokens checked
+    steered: int = 0  # tokens drawn again because they settled an invalid value
+    given_up: int = 0  # outputs ended grammar_error: no draw kept them valid
+
+
+class ValueSteering:
+    """Decides which requests are steered and checks their sampled tokens."""
+
+    def __init__(
+        self, validator: OutputValidator, structural: Callable[[], npt.NDArray[np.bool_]]
+    ) -> None:
+        self.validator = validator
+        self._structural = structural  # per token id: whether its text holds {}[],:"
+        self._inexact: OrderedDict[object, bool] = OrderedDict()
+        self.stats = SteeringStats()
+
+    def applies(self, params: GuidedDecodingParams, matcher: GrammarMatcher) -> bool:
+        """Whether the request's tokens are checked: a JSON schema that its matcher's backend
+        (xgrammar) enforces only approximately."""
+        if params.guide_type is not GuideType.JSON_SCHEMA:
+            return False
+        if matcher.backend != XGRAMMAR:
+            return False
+        key = params.guide
+        known = self._inexact.get(key)
+        if known is None:
+            assert isinstance(params.guide, str)
+            known = xgrammar_inexact_reason(params.guide) is not None
+            self._inexact[key] = known
+            if len(self._inexact) > GUIDES_KEPT:
+                self._inexact.popitem(last=False)
+        return known
+
+    def needs_check(self, token: int) -> bool:
+        """Whether ``token`` may close a value (it holds a structural character)."""
+        structural = self._structural()
+        return 0 <= token < structural.shape[0] and bool(structural[token])
+
+    def problem(self, params: GuidedDecodingParams, text: str) -> str | None:
+        """Why ``text`` (the output with the candidate token) has settled a value that breaks
+        the schema; None when it has not, or when nothing can be judged yet."""
+        self.stats.checks += 1
+        prefix = scan_prefix(text)
+        if prefix.closed is None:
+            return None
+        validator = self.validator.validator_for(params)
+        if validator is None:
+            return None
+        try:
+            instance = json.loads(prefix.closed)
+            for error in validator.iter_errors(instance):
+                if _settled(error, prefix.open_path):
+                    return describe_error(error)
+        except Exception:  # an unresolvable $ref, a pattern Python cannot read: cannot judge
+            return None
+        return None
+
+
+def _settled(error: Any, open_path: tuple[str | int, ...] | None) -> bool:
+    """Whether ``error`` holds whatever the output goes on to write."""
+    if open_path is None:
+        return True  # the whole output is closed
+    if any(part in CONTEXTUAL_KEYWORDS for part in error.absolute_schema_path):
+        return False
+    path = tuple(error.absolute_path)
+    return open_path[: len(path)] != path  # not the open value or one of its containers
+
+
+def first_admitted(
+    token: int,
+    refusal: Callable[[int], str | None],
+    redraw: Callable[[list[int]], int | None],
+) -> tuple[int, str | None]:
+    """The first of ``token`` and its redraws (each without the tokens refused before it) that
+    ``refusal`` admits (returns None for), and None; or, after ``MAX_RESAMPLES`` refusals or
+    once ``redraw`` has nothing left, the last token tried and its refusal."""
+    banned: list[int] = []
+    for attempt in range(MAX_RESAMPLES):
+        refused = refusal(token)
+        if refused is None:
+            return token, None
+        banned.append(token)
+        redrawn = redraw(banned)
+        if redrawn is None or attempt == MAX_RESAMPLES - 1:
+            return token, refused
+        token = redrawn
+    raise AssertionError("unreachable")

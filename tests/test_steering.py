@@ -1,0 +1,174 @@
+"""Steering: outputs of a schema xgrammar only approximates are kept valid where the model has
+another choice, ended ``grammar_error`` at once where it has none, and unchanged otherwise."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.engine.steering import ValueSteering
+from guidedec.engine.validation import OutputValidator
+from guidedec.grammar.json_prefix import scan_prefix
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10_000, 10_000),
+    st.text('ab"\\ ,:{}[]é', max_size=4),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.text("abk,:", max_size=3), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def _at(value: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        value = value[part]
+    return value
+
+
+def _closed_paths(value: Any, path: tuple[str | int, ...] = ()) -> Any:
+    yield path
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _closed_paths(child, (*path, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _closed_paths(child, (*path, index))
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_VALUES, indent=st.sampled_from([None, 1]), data=st.data())
+def test_scan_prefix_keeps_exactly_the_settled_values(value: Any, indent: Any, data: Any) -> None:
+    """At any cut of a JSON text: ``closed`` parses, and each of its values outside the open
+    path is the value the whole text holds there."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    cut = data.draw(st.integers(0, len(text)))
+    prefix = scan_prefix(text[:cut])
+    if prefix.closed is None:
+        assert prefix.open_path == ()
+        return
+    closed = json.loads(prefix.closed)
+    if prefix.open_path is None:
+        assert closed == value
+        return
+    for path in _closed_paths(closed):
+        if prefix.open_path[: len(path)] != path:
+            assert _at(closed, path) == _at(value, path), (text[:cut], path)
+        assert _at(value, path) is not None or _at(closed, path) is None
+
+
+def test_scan_prefix_examples() -> None:
+    assert scan_prefix('{"a": 1, "b": [true, "x').open_path == ("b", 1)
+    assert scan_prefix('{"a": 1, "b": [true, "x').closed == '{"a": 1, "b": [true]}'
+    assert scan_prefix('{"a": 12').open_path == ("a",)  # the number may go on
+    assert scan_prefix('{"a": 12 ').closed == '{"a": 12}'
+    assert scan_prefix('{"a"').closed == "{}"
+    assert scan_prefix('{"a": {}} ').open_path is None
+    assert scan_prefix("12").closed is None
+
+
+def _problem(schema: dict[str, Any], text: str) -> str | None:
+    steering = ValueSteering(OutputValidator(), lambda: None)  # type: ignore[arg-type,return-value]
+    return steering.problem(GuidedDecodingParams(json_schema=schema), text)
+
+
+def test_only_settled_errors_count() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"w": {"type": "string", "not": {"maxLength": 2}}, "n": {"type": "integer"}},
+        "required": ["w", "n"],
+        "if": {"properties": {"n": {"const": 1}}},
+        "then": {"properties": {"w": {"const": "abc"}}},
+    }
+    assert _problem(schema, '{"w": "ab') is None  # the string is open
+    assert "/w (keyword 'not')" in (_problem(schema, '{"w": "ab"') or "")
+    assert _problem(schema, '{"w": "abcd"') is None  # "required n" is for later
+    assert _problem(schema, '{"w": "abcd", "n": 1') is None  # n may go on
+    assert _problem(schema, '{"w": "abcd", "n": 1,') is None  # then: judged once closed
+    assert "keyword 'const'" in (_problem(schema, '{"w": "abcd", "n": 1}') or "")
+
+
+WORD_SCHEMA = {
+    "type": "object",
+    "properties": {"word": {"type": "string", "not": {"maxLength": 3}}},
+    "required": ["word"],
+    "additionalProperties": False,
+}
+
+
+def _run(steer: bool) -> list[Any]:
+    llm = LLM("tiny-random", backend="xgrammar", max_num_seqs=32)
+    if not steer:
+        llm.steering.applies = lambda *_: False  # type: ignore[method-assign]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=seed,
+            max_tokens=160,
+            guided_decoding=GuidedDecodingParams(json_schema=WORD_SCHEMA),
+        )
+        for seed in range(32)
+    ]
+    outputs = llm.generate(["x"] * 32, params)
+    assert llm.steering.stats.steered > 0 or not steer
+    llm.close()
+    return outputs
+
+
+@pytest.mark.slow
+def test_steering_keeps_outputs_valid_and_changes_no_valid_one() -> None:
+    """xgrammar ignores ``not``: unsteered, some words are too short (``grammar_error`` from the
+    final check); steered, every output validates, and each output that was valid unsteered is
+    the same token for token."""
+    steered, unsteered = _run(True), _run(False)
+    assert any(out.finish_reason == "grammar_error" for out in unsteered)
+    for with_, without in zip(steered, unsteered, strict=True):
+        assert with_.finish_reason == "stop", with_.error
+        jsonschema.validate(json.loads(with_.text), WORD_SCHEMA)
+        if without.finish_reason == "stop":
+            assert with_.token_ids == without.token_ids
+
+
+def test_no_way_back_ends_at_once() -> None:
+    """A value the grammar completes in one way only (the enum's other values are gone): the
+    output ends ``grammar_error`` naming the keyword as soon as the value is out."""
+    schema = {
+        "type": "object",
+        "properties": {"tag": {"type": "string", "not": {"pattern": "^a"}, "enum": ["ab", "ba"]}},
+        "required": ["tag"],
+        "additionalProperties": False,
+    }
+    llm = LLM("tiny-random", backend="xgrammar", max_num_seqs=8)
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=seed,
+            max_tokens=200,
+            guided_decoding=GuidedDecodingParams(json_schema=schema),
+        )
+        for seed in range(8)
+    ]
+    outputs = llm.generate(["Tag:"] * 8, params)
+    broken = [out for out in outputs if out.finish_reason == "grammar_error"]
+    assert broken, [out.text for out in outputs]
+    for out in outputs:
+        if out.finish_reason == "grammar_error":
+            assert "/tag (keyword 'not')" in (out.error or "")
+            # ended by the token that closed the value, not at the budget
+            assert out.text.rstrip(" \t\r\n}").endswith('"ab"'), out.text
+        else:
+            jsonschema.validate(json.loads(out.text), schema)
+    assert llm.steering.stats.given_up == len(broken)
+    llm.close()

@@ -30,8 +30,7 @@ from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
 from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
-from guidedec.testing import accepts_output, uniform_guided_generate
-from guidedec.testing.generate import EngineChecks
+from guidedec.testing import EngineChecks, accepts_output, uniform_guided_generate
 
 BACKENDS = ("xgrammar", "llguidance")
 ALL = (*BACKENDS, "auto")

@@ -8,6 +8,7 @@
 """
 
 from guidedec.testing.generate import (
+    EngineChecks,
     GeneratedOutput,
     host_row_token_ids,
     random_guided_generate,
@@ -40,6 +41,7 @@ from guidedec.testing.speculative import (
 
 __all__ = [
     "Drafter",
+    "EngineChecks",
     "GeneratedOutput",
     "GreedyDrafter",
     "GreedyRunner",

@@ -138,6 +138,17 @@ class TokenizerInfo:
                 self._backend_objects[key] = build()
             return self._backend_objects[key]  # type: ignore[no-any-return]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the backends' objects (rebuilt on use) and the lock."""
+        state = dict(self.__dict__)
+        state["_backend_objects"] = {}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __repr__(self) -> str:
         name = getattr(self._hf, "name_or_path", "") or type(self._hf).__name__
         return (

@@ -3,8 +3,9 @@ the chosen backends, under a parent that kills a worker whose backend passes its
 dies, records that against the backend, and goes on with the schema in a fresh worker.
 
 Workers are forked from a fork server that has built the backends' tokenizers
-(:mod:`guidedec.bench.preload`), so a replacement starts in milliseconds. Per worker, ``auto``
-is built over the same two backend factories (and so shares their compile caches): when both
+(:mod:`guidedec.grammar.isolation_preload`), so a replacement starts in milliseconds. Per
+worker, ``auto`` is built over the same two backend factories (and so shares their compile
+caches): when both
 backends ran first, its compile time is the sum of the standalone compile times of the backends
 it tried, in its order.
 """
@@ -539,7 +540,7 @@ class Pool:
         self.compile_timeout = compile_timeout
         self.phase_timeout = phase_timeout
         self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["guidedec.bench.preload"])
+        self.ctx.set_forkserver_preload(["guidedec.grammar.isolation_preload"])
         self.slots = [self._spawn() for _ in range(workers)]
         self.times: Times = {}
 

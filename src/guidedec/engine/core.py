@@ -521,8 +521,12 @@ class EngineCore:
         self.stats.apply_s += times.apply_s
 
     def close(self) -> None:
-        """Stop the engine's worker threads (the build worker, the grammar pool)."""
+        """Stop the engine's worker threads (the build worker, the grammar pool) and its
+        compile workers."""
         self._builder.shutdown(wait=True)
+        self.grammars.shutdown()
+        if self.config.isolation is not None:
+            self.config.isolation.close()
 
     def _update_stats(self, t0: float, t1: float, t2: float, t3: float) -> None:
         self.stats.steps += 1

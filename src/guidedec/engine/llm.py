@@ -25,6 +25,7 @@ from guidedec.engine.speculative import (
 )
 from guidedec.engine.stats import EngineStats
 from guidedec.grammar.config import BackendName, FillMode, GuidedDecodingConfig, WhitespaceMode
+from guidedec.grammar.isolation import CompileIsolation
 
 __all__ = ["LLM", "EngineStats"]
 
@@ -59,6 +60,10 @@ class LLM(EngineCore):
         max_model_len: The longest sequence (prompt + output) the engine takes, at most the
             model's own (default). Lower it to bound memory: with ``cuda_graphs`` every slot's
             static cache holds this many positions from the start.
+        isolate_compiles: Compile each new guide first in a worker process (default), so that
+            a guide that crashes a backend or passes ``compile_timeout_s`` fails its request
+            alone and its compile is stopped (see :mod:`guidedec.grammar.isolation`). ``False``
+            compiles in this process only: cheaper, for trusted guides.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class LLM(EngineCore):
         cuda_graphs: bool = False,
         fill_mode: FillMode = "auto",
         max_model_len: int | None = None,
+        isolate_compiles: bool = True,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -95,7 +101,11 @@ class LLM(EngineCore):
             json_whitespace=json_whitespace,
             approximate=approximate,
             fill_mode=fill_mode,
+            isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate_compiles else None,
         )
+        # The compile workers start (the first engine of a process: a fork server, seconds)
+        # while the engine is built; no request's compile timeout runs during it.
+        starting = config.isolation.start_in_background(config) if config.isolation else None
         super().__init__(
             loaded,
             config,
@@ -108,6 +118,8 @@ class LLM(EngineCore):
             cuda_graphs=cuda_graphs,
         )
         self._params: dict[int, SamplingParams] = {}  # of prefill-only requests
+        if starting is not None:
+            starting.join()
 
     # --- public API --------------------------------------------------------------------------
 

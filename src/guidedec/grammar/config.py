@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, get_args
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, get_args
 
 from guidedec.errors import GrammarError
 from guidedec.tokenizer import TokenizerInfo
+
+if TYPE_CHECKING:
+    from guidedec.grammar.isolation import CompileIsolation
 
 BackendName = Literal["xgrammar", "llguidance", "auto"]
 WhitespaceMode = Literal["flexible", "compact"]
@@ -43,6 +46,9 @@ class GuidedDecodingConfig:
             ``"sequential"`` force one way. The masks are the same either way.
         fill_threads: Threads of a parallel fill (default: the CPUs this process may use, at
             most 16; 1 means sequential).
+        isolation: Compile each new guide first in a worker process, where a backend crash or
+            hang fails that guide alone (see :mod:`guidedec.grammar.isolation`); None (the
+            default here; ``LLM`` and the server turn it on) compiles in this process only.
     """
 
     backend: BackendName = "auto"
@@ -54,6 +60,7 @@ class GuidedDecodingConfig:
     approximate: bool = True
     fill_mode: FillMode = "auto"
     fill_threads: int | None = None
+    isolation: CompileIsolation | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

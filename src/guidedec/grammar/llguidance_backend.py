@@ -249,6 +249,8 @@ class LLGuidanceMatcherFactory(GrammarMatcherFactory):
         return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options)
 
     def _compile(self, params: GuidedDecodingParams) -> _Template:
+        if self.config.isolation is not None:
+            self.config.isolation.probe(BACKEND, params, self.config)
         grammar = self.grammar_text(params)
         matcher = llg.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():

@@ -172,6 +172,8 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         )
 
     def _compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
+        if self.config.isolation is not None:
+            self.config.isolation.probe(BACKEND, params, self.config)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

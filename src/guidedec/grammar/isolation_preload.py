@@ -1,6 +1,6 @@
-"""Imported once by the compliance benchmark's fork server, before it forks any worker: the
-default tokenizer and both backends' views of it are built here, so that every worker (and every
-replacement of a killed one) starts with them."""
+"""Imported once by the compile isolation's fork server, before it forks any worker: both
+backends and the default tokenizer's views of them are built here, so that every worker (and
+every replacement of a killed one) starts with them."""
 
 from guidedec.grammar.llguidance_backend import llguidance_tokenizer
 from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info

@@ -1,0 +1,311 @@
+"""Compile probes in worker processes: a guide that crashes or hangs a backend fails alone.
+
+The backends compile in native code, where a hostile guide can crash the process (a pattern of
+30,000 nested groups, 20,000 required names) or run for minutes, and a thread cannot be
+stopped. With isolation, a backend factory first compiles each guide it has not compiled yet
+in a worker process (and fills the guide's first mask there, where some ``$ref`` chains
+crash), under a deadline and a memory limit; only a guide that passed is compiled in the
+caller's process. A worker that crashes or passes the deadline is killed, its request gets a
+:class:`~guidedec.errors.GrammarError` that says so, and a fresh worker takes its place; the
+caller's process and every other request go on.
+
+Why a probe and not a transfer: xgrammar's compiled grammars serialize, but as JSON that holds
+the tokenizer and every token mask (185 MB and 12 s for a 16 MB Kubernetes grammar); llguidance
+compiles in about a millisecond. So the probe costs one more compile of each new guide (cached
+guides cost nothing): a few milliseconds for most guides, as long again for the slow ones.
+
+Workers are forked from a fork server (a fresh process that imported both backends and built
+the default tokenizer's views), never from the caller, whose other threads may hold locks.
+At most ``num_workers`` probes run at once and at most ``max_queued`` wait; a probe that waits
+longer than its deadline fails like one that runs too long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from guidedec.errors import GrammarError
+
+if TYPE_CHECKING:
+    from guidedec.grammar.config import GuidedDecodingConfig
+    from guidedec.grammar.params import GuidedDecodingParams
+
+PRELOAD = "guidedec.grammar.isolation_preload"
+DEFAULT_MEMORY_LIMIT = 8 << 30
+"""Address space a worker may add to what it starts with, in bytes."""
+
+
+@dataclass
+class CompileIsolation:
+    """Settings and workers of compile isolation (see the module's docstring).
+
+    Args:
+        timeout_s: A probe's deadline, waiting for a worker included.
+        num_workers: Probes that run at once.
+        max_queued: Probes that may wait for a worker; more fail at once.
+        memory_limit_bytes: Address space a worker may add to its own at start (None: no limit).
+    """
+
+    timeout_s: float = 60.0
+    num_workers: int = 2
+    max_queued: int = 64
+    memory_limit_bytes: int | None = DEFAULT_MEMORY_LIMIT
+    _pool: _Pool | None = field(default=None, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.num_workers < 1 or self.max_queued < 0:
+            raise ValueError(
+                "compile isolation needs timeout_s > 0, num_workers >= 1 and max_queued >= 0"
+            )
+
+    def probe(
+        self, backend: str, params: GuidedDecodingParams, config: GuidedDecodingConfig
+    ) -> None:
+        """Compile ``params`` with ``backend`` in a worker and fill its first mask.
+
+        Raises:
+            GrammarError: the backend refused the guide, crashed on it, or passed the deadline.
+        """
+        with self._lock:
+            if self._pool is None:
+                self._pool = _Pool(self, config)
+            pool = self._pool
+        pool.probe(backend, params)
+
+    def start(self, config: GuidedDecodingConfig) -> None:
+        """Start the fork server and one worker now (else at the first probe)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = _Pool(self, config)
+        self._pool.warm()
+
+    def start_in_background(self, config: GuidedDecodingConfig) -> threading.Thread:
+        """:meth:`start` on a daemon thread (join it to wait); a failure there shows at the
+        first probe."""
+
+        def warm() -> None:
+            with contextlib.suppress(Exception):
+                self.start(config)
+
+        thread = threading.Thread(target=warm, name="guidedec-isolation-start", daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        """Stop the workers."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    config: GuidedDecodingConfig  # isolation off, tokenizer None when it is the default
+    memory_limit_bytes: int | None
+    parent: int
+
+
+@dataclass(slots=True)
+class _Worker:
+    process: Any
+    conn: Connection
+
+
+class _Pool:
+    def __init__(self, isolation: CompileIsolation, config: GuidedDecodingConfig) -> None:
+        from guidedec.tokenizer import TokenizerInfo
+
+        self.isolation = isolation
+        default = config.tokenizer is TokenizerInfo.default()
+        worker_config = replace(config, isolation=None)
+        self.settings = _Settings(
+            worker_config if not default else _without_tokenizer(worker_config),
+            isolation.memory_limit_bytes,
+            os.getpid(),
+        )
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload([PRELOAD])
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(isolation.num_workers)
+        self._waiting = 0
+        self._closed = False
+
+    def warm(self) -> None:
+        worker = self._take()
+        with self._lock:
+            self._idle.append(worker)
+
+    def probe(self, backend: str, params: GuidedDecodingParams) -> None:
+        timeout = self.isolation.timeout_s
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._waiting >= self.isolation.max_queued + self.isolation.num_workers:
+                raise GrammarError(
+                    f"too many guides compiling ({self._waiting}); try again later",
+                    backend=backend,
+                )
+            self._waiting += 1
+        try:
+            if not self._slots.acquire(timeout=timeout):
+                raise _timed_out(backend, timeout, "waiting for a compile worker")
+            try:
+                self._run(backend, params, deadline)
+            finally:
+                self._slots.release()
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _run(self, backend: str, params: GuidedDecodingParams, deadline: float) -> None:
+        worker = self._take()
+        try:
+            worker.conn.send((backend, params))
+            if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
+                self._kill(worker)
+                raise _timed_out(backend, self.isolation.timeout_s, "compiling")
+            kind, message = worker.conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self._kill(worker)
+            raise GrammarError(
+                f"the backend crashed compiling this guide ({_exit(code)}); only this "
+                "request failed",
+                backend=backend,
+            ) from exc
+        with self._lock:
+            self._idle.append(worker)
+        if kind == "error":
+            raise GrammarError(message)
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise GrammarError("compile isolation is closed")
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.is_alive():
+                    return worker
+        parent, child = self.ctx.Pipe()
+        process = self.ctx.Process(target=_worker_main, args=(child, self.settings), daemon=True)
+        with _main_script_hidden():
+            process.start()
+        child.close()
+        return _Worker(process, parent)
+
+    def _kill(self, worker: _Worker) -> int | None:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=5)
+        worker.conn.close()
+        return worker.process.exitcode  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+            worker.process.join(timeout=2)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """While a worker starts: the main module's file hidden from ``multiprocessing``, which
+    would otherwise run a script's top level again in the worker (a script that builds an
+    ``LLM`` without an ``if __name__ == "__main__"`` guard would start workers from there).
+    The worker's code lives in this module and needs nothing from the script."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or getattr(main, "__spec__", None) is not None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+def _timed_out(backend: str, timeout: float, doing: str) -> GrammarError:
+    return GrammarError(
+        f"grammar compilation timed out after {timeout:g} s ({doing}); the compile was stopped",
+        backend=backend,
+    )
+
+
+def _exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _without_tokenizer(config: GuidedDecodingConfig) -> GuidedDecodingConfig:
+    """The config with a placeholder for the default tokenizer (built in the fork server)."""
+    return replace(config, tokenizer=None)  # type: ignore[arg-type]
+
+
+def _worker_main(conn: Connection, settings: _Settings) -> None:
+    """A worker's loop: probe one guide at a time until told to stop or orphaned."""
+    from guidedec.bitmask.layout import allocate_bitmask
+    from guidedec.grammar.auto import build_backend_factory
+    from guidedec.tokenizer import TokenizerInfo
+
+    if settings.memory_limit_bytes is not None:
+        _limit_memory(settings.memory_limit_bytes)
+    config = settings.config
+    if config.tokenizer is None:
+        config = replace(config, tokenizer=TokenizerInfo.default())
+    factories: dict[str, Any] = {}
+    bitmask = allocate_bitmask(1, config.tokenizer.vocab_size)
+    while True:
+        while not conn.poll(1.0):
+            if not _alive(settings.parent):
+                return
+        job = conn.recv()
+        if job is None:
+            return
+        backend, params = job
+        try:
+            if backend not in factories:
+                factories[backend] = build_backend_factory(backend, config)
+            factory = factories[backend]
+            matcher = factory.create(params)
+            matcher.fill_next_token_bitmask(bitmask, 0)
+            factory.cache.clear()
+            conn.send(("ok", None))
+        except Exception as exc:  # the backend's refusal, reported to the caller as it is
+            conn.send(("error", str(exc) or type(exc).__name__))
+
+
+def _limit_memory(extra: int) -> None:
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[0])
+    limit = pages * os.sysconf("SC_PAGE_SIZE") + extra
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

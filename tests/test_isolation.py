@@ -1,0 +1,176 @@
+"""Compile isolation: a guide that crashes a backend, hangs it or eats memory fails alone; the
+process and every other guide go on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.errors import GrammarError
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.isolation import CompileIsolation
+from guidedec.tokenizer import TokenizerInfo
+
+NESTED_PATTERN = {"type": "string", "pattern": "^" + "(" * 30000 + "a" + ")" * 30000 + "$"}
+MANY_REQUIRED = {"type": "object", "required": [f"k{i}" for i in range(30000)]}
+REF_CHAIN = {
+    "$ref": "#/$defs/d0",
+    "$defs": {
+        **{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(3000)},
+        "d3000": {"type": "integer"},
+    },
+}
+HEALTHY = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+SLOW_CHOICE = [f"option number {i}" for i in range(100_000)]
+
+
+@pytest.fixture(scope="module")
+def isolation() -> Iterator[CompileIsolation]:
+    iso = CompileIsolation(timeout_s=2.0)
+    iso.start(GuidedDecodingConfig(tokenizer=TokenizerInfo.default()))
+    yield iso
+    iso.close()
+
+
+def _factory(backend: str, isolation: CompileIsolation) -> Any:
+    config = GuidedDecodingConfig(
+        backend=backend,  # type: ignore[arg-type]
+        tokenizer=TokenizerInfo.default(),
+        isolation=isolation,
+    )
+    return create_grammar_matcher_factory(config)
+
+
+@pytest.mark.parametrize(
+    ("backend", "schema"),
+    [("xgrammar", NESTED_PATTERN), ("llguidance", MANY_REQUIRED), ("llguidance", REF_CHAIN)],
+    ids=["xgrammar nested groups", "llguidance 30k required", "llguidance $ref chain"],
+)
+def test_a_backend_crash_fails_that_guide_alone(
+    backend: str, schema: dict[str, Any], isolation: CompileIsolation
+) -> None:
+    """These crash the backend's native code in-process (signal 11); isolated, the guide gets a
+    GrammarError that says so, and the same factory compiles the next guide."""
+    factory = _factory(backend, isolation)
+    with pytest.raises(GrammarError, match=r"crashed compiling this guide \(signal 11\)"):
+        factory.create(GuidedDecodingParams(json_schema=schema))
+    matcher = factory.create(GuidedDecodingParams(json_schema=HEALTHY))
+    assert not matcher.is_terminated()
+
+
+def test_a_compile_past_its_deadline_is_stopped(isolation: CompileIsolation) -> None:
+    """A 100k-option choice takes xgrammar far longer than the 2 s deadline: the probe fails at
+    the deadline and its worker is killed (its CPU freed), not left running."""
+    factory = _factory("xgrammar", isolation)
+    start = time.monotonic()
+    with pytest.raises(GrammarError, match="timed out after 2 s"):
+        factory.create(GuidedDecodingParams(choice=SLOW_CHOICE))
+    assert time.monotonic() - start < 2.0 + 1.0
+    pool = isolation._pool
+    assert pool is not None
+    assert all(w.process.is_alive() for w in pool._idle)  # the killed one is not kept
+    factory.create(GuidedDecodingParams(choice=["yes", "no"]))
+
+
+def test_auto_falls_back_when_a_backend_crashes(isolation: CompileIsolation) -> None:
+    """``auto`` tries llguidance first for 30k required names; its crash counts as a refusal
+    and xgrammar compiles the schema."""
+    factory = _factory("auto", isolation)
+    matcher = factory.create(GuidedDecodingParams(json_schema=MANY_REQUIRED))
+    assert matcher.backend == "xgrammar"
+
+
+def test_probes_are_bounded() -> None:
+    """One worker and no queue: a probe that arrives while another runs fails at once."""
+    iso = CompileIsolation(timeout_s=3.0, num_workers=1, max_queued=0)
+    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=TokenizerInfo.default())
+    iso.start(config)
+    factory = _factory("xgrammar", iso)
+    errors: list[str] = []
+
+    def slow() -> None:
+        try:
+            factory.create(GuidedDecodingParams(choice=SLOW_CHOICE))
+        except GrammarError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.5)
+    with pytest.raises(GrammarError, match="too many guides compiling"):
+        factory.create(GuidedDecodingParams(regex="[a-z]+"))
+    thread.join()
+    assert errors and "timed out" in errors[0]
+    iso.close()
+
+
+def test_a_worker_past_its_memory_limit_fails_that_guide_alone() -> None:
+    """With 64 MB of room a worker cannot compile a 100k-option choice: the guide fails, the
+    next one compiles."""
+    iso = CompileIsolation(timeout_s=30.0, memory_limit_bytes=64 << 20)
+    factory = _factory("xgrammar", iso)
+    with pytest.raises(GrammarError):
+        factory.create(GuidedDecodingParams(choice=SLOW_CHOICE))
+    factory.create(GuidedDecodingParams(choice=["yes", "no"]))
+    iso.close()
+
+
+def test_llm_serves_a_healthy_request_beside_a_hostile_one() -> None:
+    """Through ``LLM.generate``: the crashing guide's request ends ``grammar_error``, and the
+    healthy request beside it gives the same output as alone."""
+    llm = LLM("tiny-random", max_num_seqs=2, compile_timeout_s=10)
+    healthy = SamplingParams(
+        max_tokens=16, guided_decoding=GuidedDecodingParams(json_schema=HEALTHY)
+    )
+    hostile = SamplingParams(
+        max_tokens=16, guided_decoding=GuidedDecodingParams(json_schema=NESTED_PATTERN)
+    )
+    alone = llm.generate(["Write:"], [healthy])[0]
+    broken, beside = llm.generate(["Oops:", "Write:"], [hostile, healthy])
+    assert broken.finish_reason == "grammar_error"
+    assert "crashed" in (broken.error or "")
+    assert beside.token_ids == alone.token_ids and beside.finish_reason == alone.finish_reason
+    llm.close()
+
+
+def test_a_script_without_a_main_guard(tmp_path: Any) -> None:
+    """Workers never run the caller's script again (``multiprocessing`` would, for a script
+    that builds an engine at its top level)."""
+    script = tmp_path / "top_level.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from guidedec import GuidedDecodingParams
+            from guidedec.grammar.config import GuidedDecodingConfig
+            from guidedec.grammar.factory import create_grammar_matcher_factory
+            from guidedec.grammar.isolation import CompileIsolation
+            from guidedec.tokenizer import TokenizerInfo
+
+            print("top level ran")
+            iso = CompileIsolation(timeout_s=30)
+            config = GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), isolation=iso)
+            create_grammar_matcher_factory(config).create(GuidedDecodingParams(regex="[ab]+"))
+            iso.close()
+            print("compiled")
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["top", "level", "ran", "compiled"]

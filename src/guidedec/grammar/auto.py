@@ -78,6 +78,8 @@ class AutoMatcherFactory(GrammarMatcherFactory):
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
         key = guide_cache_key(params)
         known = self.chosen_backend(params)
+        if not known:
+            self.config.limits.check(params)  # before the policy reads the guide
         order = (known,) if known else backend_order(params)
         errors: list[GrammarError] = []
         for name in order:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
 
 from guidedec.errors import GrammarError
+from guidedec.grammar.limits import GuideLimits
 from guidedec.tokenizer import TokenizerInfo
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class GuidedDecodingConfig:
         isolation: Compile each new guide first in a worker process, where a backend crash or
             hang fails that guide alone (see :mod:`guidedec.grammar.isolation`); None (the
             default here; ``LLM`` and the server turn it on) compiles in this process only.
+        limits: Limits on a guide's size and shape, checked before any backend sees it (see
+            :mod:`guidedec.grammar.limits` for the defaults and why).
     """
 
     backend: BackendName = "auto"
@@ -61,6 +64,7 @@ class GuidedDecodingConfig:
     fill_mode: FillMode = "auto"
     fill_threads: int | None = None
     isolation: CompileIsolation | None = field(default=None, compare=False)
+    limits: GuideLimits = field(default_factory=GuideLimits)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

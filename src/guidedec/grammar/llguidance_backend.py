@@ -249,6 +249,7 @@ class LLGuidanceMatcherFactory(GrammarMatcherFactory):
         return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options)
 
     def _compile(self, params: GuidedDecodingParams) -> _Template:
+        self.config.limits.check(params)
         if self.config.isolation is not None:
             self.config.isolation.probe(BACKEND, params, self.config)
         grammar = self.grammar_text(params)

@@ -111,7 +111,12 @@ def _normalise(guide_type: GuideType, value: Any) -> Guide:
         return None
     if guide_type in (GuideType.JSON_SCHEMA, GuideType.STRUCTURAL_TAG):
         if isinstance(value, dict):
-            return json.dumps(value, ensure_ascii=False)
+            try:
+                return json.dumps(value, ensure_ascii=False)
+            except RecursionError:
+                raise ValueError(f"{guide_type.value} nests too deeply to be read") from None
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{guide_type.value} is not JSON: {exc}") from None
         if isinstance(value, str):
             return value
         raise ValueError(

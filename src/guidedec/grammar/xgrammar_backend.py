@@ -172,6 +172,7 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         )
 
     def _compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
+        self.config.limits.check(params)
         if self.config.isolation is not None:
             self.config.isolation.probe(BACKEND, params, self.config)
         try:

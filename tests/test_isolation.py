@@ -18,6 +18,7 @@ from guidedec.errors import GrammarError
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.isolation import CompileIsolation
+from guidedec.grammar.limits import GuideLimits
 from guidedec.tokenizer import TokenizerInfo
 
 NESTED_PATTERN = {"type": "string", "pattern": "^" + "(" * 30000 + "a" + ")" * 30000 + "$"}
@@ -36,6 +37,15 @@ HEALTHY = {
     "additionalProperties": False,
 }
 SLOW_CHOICE = [f"option number {i}" for i in range(100_000)]
+# The guide limits would refuse the guides above before any backend: lifted here, so that
+# isolation is what stands between them and the process.
+LOOSE = GuideLimits(
+    max_names=10**6,
+    max_values=10**7,
+    max_pattern_chars=10**7,
+    max_group_depth=10**6,
+    max_ref_chain=10**6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +61,7 @@ def _factory(backend: str, isolation: CompileIsolation) -> Any:
         backend=backend,  # type: ignore[arg-type]
         tokenizer=TokenizerInfo.default(),
         isolation=isolation,
+        limits=LOOSE,
     )
     return create_grammar_matcher_factory(config)
 
@@ -132,7 +143,7 @@ def test_a_worker_past_its_memory_limit_fails_that_guide_alone() -> None:
 def test_llm_serves_a_healthy_request_beside_a_hostile_one() -> None:
     """Through ``LLM.generate``: the crashing guide's request ends ``grammar_error``, and the
     healthy request beside it gives the same output as alone."""
-    llm = LLM("tiny-random", max_num_seqs=2, compile_timeout_s=10)
+    llm = LLM("tiny-random", max_num_seqs=2, compile_timeout_s=10, guide_limits=LOOSE)
     healthy = SamplingParams(
         max_tokens=16, guided_decoding=GuidedDecodingParams(json_schema=HEALTHY)
     )

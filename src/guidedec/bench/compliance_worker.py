@@ -307,6 +307,7 @@ class Evaluator:
                 backend=name,  # type: ignore[arg-type]
                 max_num_seqs=MODEL_SAMPLES,
                 compile_timeout_s=self.compile_timeout,
+                isolate_compiles=False,  # this worker is the isolation
             )
         prompt = MODEL_PROMPT.format(schema=json.dumps(schema)[:2000])
         sampling = [

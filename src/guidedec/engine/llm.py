@@ -8,6 +8,7 @@ disaggregated ``prefill``/``generate_from_handoff``. The step itself is in
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +27,7 @@ from guidedec.engine.speculative import (
 from guidedec.engine.stats import EngineStats
 from guidedec.grammar.config import BackendName, FillMode, GuidedDecodingConfig, WhitespaceMode
 from guidedec.grammar.isolation import CompileIsolation
+from guidedec.grammar.limits import GuideLimits
 
 __all__ = ["LLM", "EngineStats"]
 
@@ -63,7 +65,10 @@ class LLM(EngineCore):
         isolate_compiles: Compile each new guide first in a worker process (default), so that
             a guide that crashes a backend or passes ``compile_timeout_s`` fails its request
             alone and its compile is stopped (see :mod:`guidedec.grammar.isolation`). ``False``
-            compiles in this process only: cheaper, for trusted guides.
+            compiles in this process only: cheaper, for trusted guides (and what a daemonic
+            process, such as a pool's worker, gets, since it may not start processes).
+        guide_limits: Limits on a guide's size and shape (default ``GuideLimits()``; see
+            :mod:`guidedec.grammar.limits`); a guide past one fails its request, naming it.
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class LLM(EngineCore):
         fill_mode: FillMode = "auto",
         max_model_len: int | None = None,
         isolate_compiles: bool = True,
+        guide_limits: GuideLimits | None = None,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -94,6 +100,8 @@ class LLM(EngineCore):
         budget = _token_budget(max_num_tokens, max_num_seqs, k)
         loaded = load_model(model, device=device, dtype=dtype, seed=seed)
         loaded = _with_max_len(loaded, max_model_len)
+        # A daemonic process (a worker of a pool) may not start processes of its own.
+        isolate = isolate_compiles and not multiprocessing.current_process().daemon
         config = GuidedDecodingConfig(
             backend=backend,
             tokenizer=loaded.tokenizer,
@@ -101,7 +109,8 @@ class LLM(EngineCore):
             json_whitespace=json_whitespace,
             approximate=approximate,
             fill_mode=fill_mode,
-            isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate_compiles else None,
+            isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate else None,
+            limits=guide_limits or GuideLimits(),
         )
         # The compile workers start (the first engine of a process: a fork server, seconds)
         # while the engine is built; no request's compile timeout runs during it.

@@ -149,7 +149,7 @@ class BatchFiller:
         ``"parallel"``, ``"sequential"`` or ``"measuring"``."""
         names = {None: "measuring", True: "parallel", False: "sequential"}
         return {
-            (getattr(cls, "backend", cls.__name__), 1 << (bucket - 1)): names[state.choice]
+            (getattr(cls, "backend", "") or cls.__name__, 1 << (bucket - 1)): names[state.choice]
             for (cls, bucket), state in sorted(
                 self._buckets.items(), key=lambda item: (item[0][0].__name__, item[0][1])
             )

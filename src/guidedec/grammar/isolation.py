@@ -39,6 +39,7 @@ from guidedec.errors import GrammarError
 if TYPE_CHECKING:
     from guidedec.grammar.config import GuidedDecodingConfig
     from guidedec.grammar.params import GuidedDecodingParams
+    from guidedec.tokenizer import TokenizerInfo
 
 PRELOAD = "guidedec.grammar.isolation_preload"
 DEFAULT_MEMORY_LIMIT = 8 << 30
@@ -81,7 +82,7 @@ class CompileIsolation:
             if self._pool is None:
                 self._pool = _Pool(self, config)
             pool = self._pool
-        pool.probe(backend, params)
+        pool.probe(backend, params, config)
 
     def start(self, config: GuidedDecodingConfig) -> None:
         """Start the fork server and one worker now (else at the first probe)."""
@@ -112,7 +113,7 @@ class CompileIsolation:
 
 @dataclass(frozen=True, slots=True)
 class _Settings:
-    config: GuidedDecodingConfig  # isolation off, tokenizer None when it is the default
+    tokenizer: TokenizerInfo | None  # None: the default one (built in the fork server)
     memory_limit_bytes: int | None
     parent: int
 
@@ -129,11 +130,8 @@ class _Pool:
 
         self.isolation = isolation
         default = config.tokenizer is TokenizerInfo.default()
-        worker_config = replace(config, isolation=None)
         self.settings = _Settings(
-            worker_config if not default else _without_tokenizer(worker_config),
-            isolation.memory_limit_bytes,
-            os.getpid(),
+            None if default else config.tokenizer, isolation.memory_limit_bytes, os.getpid()
         )
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload([PRELOAD])
@@ -148,7 +146,9 @@ class _Pool:
         with self._lock:
             self._idle.append(worker)
 
-    def probe(self, backend: str, params: GuidedDecodingParams) -> None:
+    def probe(
+        self, backend: str, params: GuidedDecodingParams, config: GuidedDecodingConfig
+    ) -> None:
         timeout = self.isolation.timeout_s
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -162,17 +162,23 @@ class _Pool:
             if not self._slots.acquire(timeout=timeout):
                 raise _timed_out(backend, timeout, "waiting for a compile worker")
             try:
-                self._run(backend, params, deadline)
+                self._run(backend, params, _options(config), deadline)
             finally:
                 self._slots.release()
         finally:
             with self._lock:
                 self._waiting -= 1
 
-    def _run(self, backend: str, params: GuidedDecodingParams, deadline: float) -> None:
+    def _run(
+        self,
+        backend: str,
+        params: GuidedDecodingParams,
+        options: GuidedDecodingConfig,
+        deadline: float,
+    ) -> None:
         worker = self._take()
         try:
-            worker.conn.send((backend, params))
+            worker.conn.send((backend, params, options))
             if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
                 self._kill(worker)
                 raise _timed_out(backend, self.isolation.timeout_s, "compiling")
@@ -255,9 +261,12 @@ def _exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _without_tokenizer(config: GuidedDecodingConfig) -> GuidedDecodingConfig:
-    """The config with a placeholder for the default tokenizer (built in the fork server)."""
-    return replace(config, tokenizer=None)  # type: ignore[arg-type]
+def _options(config: GuidedDecodingConfig) -> GuidedDecodingConfig:
+    """What a worker needs of ``config``: all but the tokenizer (the worker has it), the
+    isolation and the limits (checked by the caller before it probes)."""
+    from guidedec.grammar.limits import UNLIMITED
+
+    return replace(config, tokenizer=None, isolation=None, limits=UNLIMITED)  # type: ignore[arg-type]
 
 
 def _worker_main(conn: Connection, settings: _Settings) -> None:
@@ -268,11 +277,9 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
 
     if settings.memory_limit_bytes is not None:
         _limit_memory(settings.memory_limit_bytes)
-    config = settings.config
-    if config.tokenizer is None:
-        config = replace(config, tokenizer=TokenizerInfo.default())
-    factories: dict[str, Any] = {}
-    bitmask = allocate_bitmask(1, config.tokenizer.vocab_size)
+    tokenizer = settings.tokenizer or TokenizerInfo.default()
+    factories: list[tuple[str, GuidedDecodingConfig, Any]] = []  # a few: the configs seen
+    bitmask = allocate_bitmask(1, tokenizer.vocab_size)
     while True:
         while not conn.poll(1.0):
             if not _alive(settings.parent):
@@ -280,11 +287,13 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
         job = conn.recv()
         if job is None:
             return
-        backend, params = job
+        backend, params, options = job
         try:
-            if backend not in factories:
-                factories[backend] = build_backend_factory(backend, config)
-            factory = factories[backend]
+            factory: Any = next((f for b, o, f in factories if b == backend and o == options), None)
+            if factory is None:
+                config = replace(options, tokenizer=tokenizer)
+                factory = build_backend_factory(backend, config)
+                factories.append((backend, options, factory))
             matcher = factory.create(params)
             matcher.fill_next_token_bitmask(bitmask, 0)
             factory.cache.clear()

@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, fields
 from typing import Any
 
 from guidedec.errors import GrammarError
@@ -197,6 +198,10 @@ class GuideLimits:
                 f"the $ref chain from {where} is longer than {self.max_ref_chain} links "
                 "(GuideLimits.max_ref_chain)"
             )
+
+
+UNLIMITED = GuideLimits(**{f.name: sys.maxsize for f in fields(GuideLimits)})
+"""Limits that never refuse (what a compile worker gets: its caller has checked)."""
 
 
 def _embedded_ids(root: Any) -> set[str]:

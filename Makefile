@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) -m guidedec bench fill --out $(BENCH_OUT)/fill
 	$(PY) -m guidedec bench e2e --out $(BENCH_OUT)/e2e
 	$(PY) -m guidedec bench closing --out $(BENCH_OUT)/closing
+	$(PY) -m guidedec bench robustness --out $(BENCH_OUT)/robustness
 
 bench-compliance: $(STAMP)
 	$(PY) -m guidedec bench compliance $(DATA)/jsonschemabench/*.jsonl \

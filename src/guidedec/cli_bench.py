@@ -1,9 +1,9 @@
 """``guidedec bench``: the measuring instruments behind one command.
 
-``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``e2e`` and ``fill``
-run the scripts of the same names in the source checkout's ``benchmarks/`` folder (they are
-developer tools that compare against other libraries, so they are not installed with the
-package).
+``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``e2e``, ``fill``
+and ``robustness`` run the scripts of the same names in the source checkout's ``benchmarks/``
+folder (they are developer tools that compare against other libraries, so they are not
+installed with the package).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ SCRIPTS = {
     "decoder": "bench_decoder.py",
     "e2e": "bench_e2e.py",
     "fill": "bench_fill.py",
+    "robustness": "bench_robustness.py",
 }
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -31,7 +32,7 @@ class BenchError(RuntimeError):
 def add_bench(commands: Any) -> None:
     run = commands.add_parser(
         "bench",
-        help="run a benchmark (compliance, apply, closing, decoder, e2e, fill)",
+        help="run a benchmark (compliance, apply, closing, decoder, e2e, fill, robustness)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

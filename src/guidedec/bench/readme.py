@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-NAMES = ("compliance", "apply", "decoder", "fill", "e2e", "closing")
+NAMES = ("compliance", "apply", "decoder", "fill", "e2e", "closing", "robustness")
 
 
 class ReadmeError(ValueError):

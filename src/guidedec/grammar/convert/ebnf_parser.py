@@ -18,7 +18,7 @@ class _Parser:
         self.tokens, self.i, self.depth = tokens, 0, 0
         self.grammar = Grammar()
         self.attributes: dict[str, str] = {}
-        self.rule_names = [t.value[0] for t in tokens if t.kind == "rule"]
+        self.rule_names = {t.value[0] for t in tokens if t.kind == "rule"}
 
     def error(self, message: str, tok: Token | None = None) -> ValueError:
         tok = tok or self.peek()

@@ -50,6 +50,7 @@ HOSTILE: dict[str, tuple[dict[str, Any], str]] = {
     "deep nesting": ({"allOf": [{"allOf": [{}]}]}, ""),  # replaced below
     "int64 minimum": ({"type": "integer", "minimum": 2**63, "maximum": 2**63 + 10}, "64-bit"),
     "1e30 minimum": ({"type": "integer", "minimum": 1e30}, "64-bit"),
+    "negative maxLength": ({"type": "string", "maxLength": -1}, "must not be negative"),
 }
 
 

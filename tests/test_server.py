@@ -276,6 +276,73 @@ def test_bad_requests_get_400_with_an_openai_error(server: str, body: dict, para
     assert httpx.get(f"{server}/health").status_code == 200
 
 
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+_CHAT = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "x", "seed": -(2**64)}, "seed"),
+        ("/v1/completions", {"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+        (
+            "/v1/completions",
+            {"prompt": "x", "structured_outputs": {"json": "[" * 5000 + "]" * 5000}},
+            "structured_outputs.json",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "structured_outputs": {"json": {"type": "string", "maxLength": -1}}},
+            "structured_outputs",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "structured_outputs": {"json": {"$ref": "http://example.com/s"}}},
+            "structured_outputs",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"$defs": 5}}}
+                ],
+                "tool_choice": "required",
+            },
+            "tools[0].function.parameters.$defs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"tools": [_TOOL], "tool_choice": {"type": "function", "function": {"name": ["f"]}}},
+            "tool_choice.function.name",
+        ),
+        ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+        (
+            "/v1/chat/completions",
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice.function.name",
+        ),
+        ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools[0].function"),
+    ],
+)
+def test_hostile_fields_get_400_naming_them(server: str, path: str, body: dict, param: str) -> None:
+    """Each of these was a 500 or a 200 with free text; now a 400 that names the field."""
+    base = _CHAT if path.endswith("chat/completions") else {"model": "tiny-random", "max_tokens": 4}
+    response = httpx.post(f"{server}{path}", json={**base, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert param in (error["param"] or "") or param in error["message"], error
+
+
+def test_a_lone_surrogate_prompt_is_a_400(server: str) -> None:
+    response = httpx.post(
+        f"{server}/v1/completions",
+        content=b'{"model": "tiny-random", "prompt": "\\ud800", "max_tokens": 4}',
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400, response.text
+    assert "lone surrogate" in response.json()["error"]["message"]
+
+
 def test_invalid_json_body_is_a_400(server: str) -> None:
     response = httpx.post(
         f"{server}/v1/chat/completions",

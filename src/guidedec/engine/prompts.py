@@ -44,7 +44,16 @@ def tokenize_prompts(
 
 
 def tokenize(prompt: Prompt, tokenizer: TokenizerInfo) -> TokenizedPrompt:
+    """The prompt's tokens. Raises ``ValueError`` for text that is not valid Unicode (a lone
+    surrogate, which no tokenizer can encode)."""
     if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"the prompt holds a lone surrogate ({prompt[exc.start]!r} at character "
+                f"{exc.start}), which is not valid Unicode text"
+            ) from None
         return TokenizedPrompt(prompt, tokenizer.encode(prompt))
     return TokenizedPrompt(None, [int(t) for t in prompt])
 

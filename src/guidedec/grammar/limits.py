@@ -17,10 +17,12 @@ in brackets):
 - ``max_rules`` 2,000 rules in an EBNF or Lark grammar (82); the conversions take ~0.1 s
   per 1,000 rules of Python time.
 
-Also refused: an external ``$ref`` (guidedec resolves only ``#...`` references inside the
-schema; xgrammar would read an unresolved one as "any JSON"), a local ``$ref`` that points
-nowhere, and integer bounds outside the signed 64-bit range, which the backends cannot enforce
-(llguidance generates 9223372036854775807 for a minimum of 2**63).
+Also refused: a negative ``minLength``, ``maxLength``, ``minItems``, ``maxItems``,
+``minProperties`` or ``maxProperties`` (xgrammar takes ``maxLength: -1``); an external ``$ref``
+(one that names no ``$id`` of the schema: xgrammar would read it as "any JSON"); a local
+``$ref`` that points nowhere or only to itself; and integer bounds outside the signed 64-bit
+range, which the backends cannot enforce (llguidance generates 9223372036854775807 for a
+minimum of 2**63).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from guidedec.grammar.schema_walk import resolve_ref
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _RULE = re.compile(r"^\s*[?!]?[A-Za-z_][\w.-]*(\.\d+)?\s*(::=|:)", re.MULTILINE)
 
 
@@ -161,6 +164,10 @@ class GuideLimits:
         if _is_integer(node):
             for key in _BOUNDS:
                 _check_int64(node.get(key), f"{path}/{key}")
+        for key in _COUNTS:
+            count = node.get(key)
+            if isinstance(count, int | float) and not isinstance(count, bool) and count < 0:
+                raise GrammarError(f"{key} at {where} is {count}: it must not be negative")
 
     def _ref_chain(
         self, ref: str, root: Any, where: str, chains: dict[str, int], ids: set[str]

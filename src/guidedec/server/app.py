@@ -34,7 +34,12 @@ from guidedec.server.protocol import (
     error_body,
 )
 from guidedec.server.stream import TextStream
-from guidedec.server.structured import RequestError, guide_for_request, parse_tool_calls
+from guidedec.server.structured import (
+    RequestError,
+    check_tools,
+    guide_for_request,
+    parse_tool_calls,
+)
 
 DEFAULT_COMPLETION_TOKENS = 16
 
@@ -138,18 +143,23 @@ class _Api:
             tools=tools[0] if tools else None,
             tool_choice=tools[1] if tools else None,
         )
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                stop_token_ids=body.stop_token_ids,
+                guided_decoding=guide,
+                close_within_budget=body.close_within_budget,
+            )
+        except ValueError as exc:  # the message starts with the field's name
+            field = str(exc).split(" ", 1)[0]
+            raise BadRequestError(str(exc), field if field in _SAMPLING_FIELDS else None) from exc
         if guide is not None:
             await self._compile(guide, _guide_param(body, tools))
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            seed=body.seed,
-            stop_token_ids=body.stop_token_ids,
-            guided_decoding=guide,
-            close_within_budget=body.close_within_budget,
-        )
+        return params
 
     def _check_prompt(self, prompt: Prompt) -> int:
         try:
@@ -282,7 +292,18 @@ def _usage(output: RequestOutput) -> dict[str, int]:
 
 
 def _calls_tools(body: ChatCompletionRequest) -> bool:
-    return bool(body.tools) and body.tool_choice not in (None, "none", "auto")
+    """Whether the request's ``tool_choice`` asks for a call (with tools or without: the guide
+    then says why it cannot be). Tools beside ``"auto"``/``"none"`` are checked all the same."""
+    if body.tool_choice not in (None, "none", "auto"):
+        return True
+    if body.tools is not None:
+        check_tools(body.tools)
+    return False
+
+
+_SAMPLING_FIELDS = frozenset(
+    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids"}
+)
 
 
 def _guide_param(body: _Request, tools: Any) -> str:

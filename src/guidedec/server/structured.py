@@ -157,6 +157,8 @@ def _json_guide(value: Any, path: str) -> dict[str, Any] | str:
             parsed = json.loads(value)
         except json.JSONDecodeError as exc:
             raise RequestError(f"{path} is not valid JSON: {exc}", path) from None
+        except RecursionError:
+            raise RequestError(f"{path} nests too deeply to be read", path) from None
         if isinstance(parsed, dict):
             return value
     raise RequestError(f"{path} must be an object or a JSON string of one", path)
@@ -172,6 +174,11 @@ def _from_tools(
     if tool_choice == "required":
         return GuidedDecodingParams(json_schema=required_calls_schema(named))
     return None
+
+
+def check_tools(tools: Any) -> None:
+    """Raise :class:`RequestError` naming the first malformed field of ``tools``."""
+    _tool_schemas(tools)
 
 
 def _tool_schemas(tools: Any) -> dict[str, dict[str, Any]]:
@@ -200,6 +207,9 @@ def _tool_schema(tool: Any, path: str) -> tuple[str, dict[str, Any]]:
     params = _ANY_OBJECT if params is None else params  # JSON null means absent
     if not isinstance(params, Mapping):
         raise _error(f"{path}.parameters", "must be an object")
+    for key in ("$defs", "definitions"):
+        if key in params and not isinstance(params[key], Mapping):
+            raise _error(f"{path}.parameters.{key}", "must be an object")
     return name, dict(params)
 
 
@@ -219,6 +229,8 @@ def _chosen_tool(tool_choice: Any, named: Mapping[str, Any]) -> str | None:
             "tool_choice",
         )
     name, path = function.get("name"), "tool_choice.function.name"
+    if not isinstance(name, str):
+        raise RequestError(f"{path} must be a string", path)
     if name not in named:
         raise RequestError(f"{path} {name!r} is not one of the tools {list(named)}", path)
     return str(name)

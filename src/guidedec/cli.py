@@ -220,8 +220,13 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from guidedec.server import create_app
+    from guidedec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
-    app = create_app(build_llm(args), model_name=args.served_model_name)
+    app = create_app(
+        build_llm(args),
+        model_name=args.served_model_name,
+        max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -232,6 +237,11 @@ def _add_serve(commands: Any) -> None:
     run.add_argument("--host", default="127.0.0.1", help="address to listen on")
     run.add_argument("--port", type=_int_at_least(1), default=8000, help="port to listen on")
     run.add_argument("--served-model-name", help="model id in the API (default: --model)")
+    run.add_argument(
+        "--max-request-bytes",
+        type=_int_at_least(1),
+        help="larger request bodies get HTTP 413 (default: 16 MiB)",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=serve)
 

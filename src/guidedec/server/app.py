@@ -27,6 +27,7 @@ from guidedec.errors import GuidedecError
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.server.async_engine import AsyncEngine
 from guidedec.server.chat import render_chat
+from guidedec.server.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, too_long_to_fit
 from guidedec.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,8 +51,14 @@ class BadRequestError(ValueError):
         self.param = param
 
 
-def create_app(llm: LLM, *, model_name: str | None = None) -> FastAPI:
-    """An app serving ``llm``; its engine thread starts now and stops with the app."""
+def create_app(
+    llm: LLM,
+    *,
+    model_name: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
+    """An app serving ``llm``; its engine thread starts now and stops with the app. A request
+    body past ``max_request_bytes`` gets HTTP 413."""
     engine = AsyncEngine(llm)
     name = model_name or llm.model.name
 
@@ -61,6 +68,7 @@ def create_app(llm: LLM, *, model_name: str | None = None) -> FastAPI:
         engine.stop()
 
     app = FastAPI(title="guidedec", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     app.state.engine = engine
     _add_error_handlers(app)
     api = _Api(llm, engine, name)
@@ -92,6 +100,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 class _Api:
     def __init__(self, llm: LLM, engine: AsyncEngine, name: str) -> None:
         self.llm, self.engine, self.name = llm, engine, name
+        # The most characters one token covers: a prompt longer than that many per context
+        # position is refused before it is tokenized.
+        self._longest_token = max(len(t) for t in llm.tokenizer.hf_tokenizer.get_vocab())
 
     async def health(self) -> dict[str, Any]:
         return {"status": "ok", "active_requests": self.engine.num_active}
@@ -128,7 +139,7 @@ class _Api:
     async def _params(
         self, body: _Request, prompt: Prompt, max_tokens: int | None, *, tools: Any = None
     ) -> SamplingParams:
-        prompt_len = self._check_prompt(prompt)
+        prompt_len = await asyncio.to_thread(self._check_prompt, prompt)
         room = self.llm.max_model_len - prompt_len
         max_tokens = room if max_tokens is None else max_tokens
         if max_tokens > room:
@@ -162,6 +173,14 @@ class _Api:
         return params
 
     def _check_prompt(self, prompt: Prompt) -> int:
+        if isinstance(prompt, str) and too_long_to_fit(
+            prompt, self.llm.max_model_len, self._longest_token
+        ):
+            raise BadRequestError(
+                f"the prompt's {len(prompt)} characters cannot fit the model's context of "
+                f"{self.llm.max_model_len} tokens",
+                "prompt",
+            )
         try:
             tokenized = tokenize(prompt, self.llm.tokenizer)
             check_prompt(

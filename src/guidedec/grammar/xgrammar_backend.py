@@ -51,6 +51,7 @@ class XGrammarMatcher(GrammarMatcher):
         self._stop_token_ids = stop_token_ids
         self._num_accepted = 0
         self._terminated = False
+        self._checked_bitmask: torch.Tensor | None = None  # the last bitmask found well-formed
 
     def accept_token(self, token_id: int) -> bool:
         if self._terminated:
@@ -73,6 +74,15 @@ class XGrammarMatcher(GrammarMatcher):
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         if self._terminated:
             raise ValueError("fill_next_token_bitmask called on a terminated matcher")
+        if bitmask is not self._checked_bitmask:
+            # xgrammar writes a non-contiguous (strided) bitmask as if it were contiguous.
+            if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or not bitmask.is_contiguous():
+                raise ValueError(
+                    "the bitmask must be a contiguous 2-D int32 tensor, got "
+                    f"{bitmask.dtype} {tuple(bitmask.shape)} (contiguous: "
+                    f"{bitmask.is_contiguous()})"
+                )
+            self._checked_bitmask = bitmask
         self._matcher.fill_next_token_bitmask(bitmask, index)
 
     def is_terminated(self) -> bool:

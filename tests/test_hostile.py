@@ -1,0 +1,104 @@
+"""The hostile-input suite through ``LLM.generate``: each hostile guide beside a healthy
+request, at sizes that crashed or hung the engine before; the hostile request fails alone with
+an error naming its problem, the healthy one is unchanged token for token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.tokenizer import TokenizerInfo
+
+HEALTHY = GuidedDecodingParams(
+    json_schema={
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+)
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "integer"}
+    for _ in range(levels):
+        node = {"type": "array", "items": node}
+    return node
+
+
+HOSTILE: dict[str, tuple[GuidedDecodingParams, str]] = {
+    "xgrammar crash": (
+        GuidedDecodingParams(
+            json_schema={"type": "string", "pattern": "^" + "(" * 30000 + "a" + ")" * 30000 + "$"}
+        ),
+        "max_pattern_chars",
+    ),
+    "llguidance crash": (
+        GuidedDecodingParams(
+            json_schema={"type": "object", "required": [f"k{i}" for i in range(30000)]}
+        ),
+        "max_names",
+    ),
+    "hang": (GuidedDecodingParams(choice=[f"option {i}" for i in range(100_000)]), "max_values"),
+    "ebnf rules": (
+        GuidedDecodingParams(
+            ebnf="root ::= r0\n" + "".join(f'r{i} ::= "x"\n' for i in range(20_000))
+        ),
+        "max_rules",
+    ),
+    "out of range": (
+        GuidedDecodingParams(json_schema={"type": "integer", "minimum": 2**63}),
+        "64-bit",
+    ),
+    "external ref": (
+        GuidedDecodingParams(json_schema={"$ref": "http://example.com/schema.json"}),
+        "external",
+    ),
+    "deep": (GuidedDecodingParams(json_schema=_deep(400)), "max_depth"),
+    "negative length": (
+        GuidedDecodingParams(json_schema={"type": "string", "maxLength": -1}),
+        "must not be negative",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[LLM]:
+    engine = LLM("tiny-random", max_num_seqs=2, compile_timeout_s=10)
+    yield engine
+    engine.close()
+
+
+def _healthy() -> SamplingParams:
+    return SamplingParams(max_tokens=24, temperature=1.0, seed=3, guided_decoding=HEALTHY)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_guide_fails_alone(llm: LLM, name: str) -> None:
+    guide, message = HOSTILE[name]
+    alone = llm.generate(["A record:"], [_healthy()])[0]
+    hostile, beside = llm.generate(
+        ["Oops:", "A record:"], [SamplingParams(max_tokens=8, guided_decoding=guide), _healthy()]
+    )
+    assert hostile.finish_reason == "grammar_error"
+    assert message in (hostile.error or ""), hostile.error
+    assert beside.token_ids == alone.token_ids
+    assert beside.finish_reason == alone.finish_reason
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_strided_bitmask_is_refused(backend: str) -> None:
+    """xgrammar used to write a strided bitmask as if it were contiguous (a wrong mask)."""
+    tokenizer = TokenizerInfo.default()
+    config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)  # type: ignore[arg-type]
+    matcher = create_grammar_matcher_factory(config).create(GuidedDecodingParams(regex="[ab]+"))
+    words = (tokenizer.vocab_size + 31) // 32
+    wide = torch.zeros(4, 2 * words, dtype=torch.int32)
+    with pytest.raises(ValueError, match="contiguous"):
+        matcher.fill_next_token_bitmask(wide[:, ::2], 0)

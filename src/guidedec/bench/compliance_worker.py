@@ -12,7 +12,6 @@ it tried, in its order.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -31,6 +30,7 @@ from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
 from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
+from guidedec.grammar.isolation import process_alive, stop_worker
 from guidedec.testing import EngineChecks, accepts_output, uniform_guided_generate
 
 BACKENDS = ("xgrammar", "llguidance")
@@ -473,7 +473,7 @@ def worker_main(conn: Connection, settings: WorkerSettings) -> None:
         # Siblings may hold this pipe's other end too, so a dead parent need not close it:
         # poll, and leave once the parent is gone.
         while not conn.poll(1.0):
-            if not _alive(settings.parent):
+            if not process_alive(settings.parent):
                 return
         task: Task | None = conn.recv()
         if task is None:
@@ -483,16 +483,6 @@ def worker_main(conn: Connection, settings: WorkerSettings) -> None:
                 task.done[name] = evaluate(ev, name, task, conn)
         ev.clear()
         conn.send(("done",))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,12 +554,9 @@ class Pool:
         """Stop the workers (killing any still busy)."""
         for slot in self.slots:
             if slot.task is None:
-                with contextlib.suppress(OSError):
-                    slot.conn.send(None)
-                slot.process.join(timeout=5)
-            if slot.process.is_alive():
-                slot.process.kill()
-                slot.process.join()
+                stop_worker(slot.process, slot.conn, 5.0)
+            else:  # busy: killed now
+                stop_worker(slot.process, None, 0.0)
 
     def _start(self, slot: Slot, task: Task) -> None:
         slot.task, slot.backend, slot.phase, slot.partial = task, "", "", None

@@ -222,12 +222,7 @@ class _Pool:
             self._closed = True
             idle, self._idle = self._idle, []
         for worker in idle:
-            with contextlib.suppress(OSError):
-                worker.conn.send(None)
-            worker.process.join(timeout=2)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+            stop_worker(worker.process, worker.conn)
 
 
 @contextlib.contextmanager
@@ -282,7 +277,7 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
     bitmask = allocate_bitmask(1, tokenizer.vocab_size)
     while True:
         while not conn.poll(1.0):
-            if not _alive(settings.parent):
+            if not process_alive(settings.parent):
                 return
         job = conn.recv()
         if job is None:
@@ -310,7 +305,20 @@ def _limit_memory(extra: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _alive(pid: int) -> bool:
+def stop_worker(process: Any, conn: Connection | None, timeout_s: float = 2.0) -> None:
+    """Ask a worker to leave (``None`` on its pipe, when given), then kill it if it has not
+    within ``timeout_s``."""
+    if conn is not None:
+        with contextlib.suppress(OSError):
+            conn.send(None)
+    process.join(timeout=timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a worker leaves once its parent is gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 from guidedec.engine.request import Request, Status
+from guidedec.grammar.isolation import lower_priority
 from guidedec.grammar.matcher import GrammarMatcherFactory
 from guidedec.grammar.params import GuidedDecodingParams
 
@@ -32,7 +33,10 @@ class GrammarPool:
             raise ValueError(f"compile timeout must be positive, got {timeout_s}")
         self.factory = factory
         self.timeout_s = timeout_s
-        self._executor = cf.ThreadPoolExecutor(max_workers, thread_name_prefix="guidedec-compile")
+        # Compiles run at a lower priority than the step loop (see COMPILE_NICENESS).
+        self._executor = cf.ThreadPoolExecutor(
+            max_workers, thread_name_prefix="guidedec-compile", initializer=lower_priority
+        )
         self._pending: dict[Request, cf.Future[object]] = {}
         # One compilation per distinct guide in flight: requests with the same guide share it.
         self._inflight: dict[GuidedDecodingParams, cf.Future[object]] = {}

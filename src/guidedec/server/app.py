@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from guidedec.engine import LLM, RequestOutput, SamplingParams
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize
 from guidedec.errors import GuidedecError
+from guidedec.grammar.isolation import lower_priority
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.server.async_engine import AsyncEngine
 from guidedec.server.chat import render_chat
@@ -43,6 +45,9 @@ from guidedec.server.structured import (
 )
 
 DEFAULT_COMPLETION_TOKENS = 16
+COMPILE_THREADS = 2
+"""Guides the server compiles at once (each first probed in a compile worker, which bounds the
+time and the queue)."""
 
 
 class BadRequestError(ValueError):
@@ -103,6 +108,9 @@ class _Api:
         # The most characters one token covers: a prompt longer than that many per context
         # position is refused before it is tokenized.
         self._longest_token = max(len(t) for t in llm.tokenizer.hf_tokenizer.get_vocab())
+        self._compiles = ThreadPoolExecutor(
+            COMPILE_THREADS, thread_name_prefix="guidedec-serve-compile", initializer=lower_priority
+        )
 
     async def health(self) -> dict[str, Any]:
         return {"status": "ok", "active_requests": self.engine.num_active}
@@ -191,9 +199,11 @@ class _Api:
         return len(tokenized.token_ids)
 
     async def _compile(self, guide: Any, param: str) -> None:
-        """Compile in a worker thread (the event loop goes on), warming the engine's cache."""
+        """Compile on a compile thread (the event loop goes on, the compile at a lower priority
+        than the engine's steps), warming the engine's cache."""
         try:
-            await asyncio.to_thread(self.llm.factory.create, guide)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._compiles, self.llm.factory.create, guide)
         except (GuidedecError, ValueError) as exc:
             raise BadRequestError(f"invalid guide: {exc}", param) from exc
 

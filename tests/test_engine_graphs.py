@@ -440,6 +440,7 @@ def test_a_failure_inside_a_replay_finishes_only_its_request() -> None:
     results = {}
     for sabotage in (False, True):
         llm = _engine("xgrammar", cuda_graphs=True)
+        llm.factory.create(JSON)  # compiled before: the requests start decoding at once
         params = [SamplingParams(max_tokens=16, guided_decoding=g) for g in (JSON, JSON, None)]
         ids = [llm.add_request(p, s) for p, s in zip(PROMPTS, params, strict=False)]
         done: dict[int, Any] = {}

@@ -4,6 +4,8 @@ speculative decoding on and off, both backends), and per-step times that show it
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -72,7 +74,9 @@ def test_step_times_show_the_overlap() -> None:
         times = list(llm.step_times)
         assert times and all(t.build_s > 0 and t.apply_s > 0 for t in times)
         if overlap:
-            assert all(t.wait_s <= t.build_s + 1e-3 for t in times)
+            # Handing the mask back across threads takes up to a GIL switch interval.
+            slack = sys.getswitchinterval() + 1e-3
+            assert all(t.wait_s <= t.build_s + slack for t in times)
         else:
             assert all(t.wait_s >= t.build_s for t in times)
         stats = llm.stats

@@ -56,11 +56,10 @@ from guidedec.engine.sampling import (
 from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
-from guidedec.engine.steering import NO_FIT, ValueSteering, first_admitted
+from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.params import GuidedDecodingParams
 
 Speculator = NgramSpeculator | DraftModelSpeculator
 
@@ -328,34 +327,22 @@ class EngineCore:
         closing, steering = req.params.close_within_budget, req.steered
         if not closing and not steering:
             return token
-        closer, left = self.decoder.closer, req.tokens_left(self.max_model_len)
-
-        def refusal(candidate: int) -> str | None:
-            problem = self._breaks_schema(req, guide, candidate) if steering else None
-            if problem is not None:
-                self.steering.stats.steered += 1
-                return problem
-            if closing and closer.checks(slot, guide, candidate, left):
-                return None if closer.admits(slot, matcher, guide, candidate, left) else NO_FIT
-            return None
-
-        token, refused = first_admitted(
-            token, refusal, lambda banned: self._redraw(req, row, logits, sparse, banned)
+        token, broken = check_sampled(
+            token,
+            params=guide,
+            slot=slot,
+            matcher=matcher,
+            closer=self.decoder.closer,
+            steering=self.steering if steering else None,
+            closing=closing,
+            tokens_left=req.tokens_left(self.max_model_len),
+            output_ids=req.output_token_ids,
+            tokenizer=self.tokenizer,
+            redraw=lambda banned: self._redraw(req, row, logits, sparse, banned),
         )
-        if refused is None:
-            return token
-        if refused != NO_FIT:  # no draw keeps the output valid
-            self.steering.stats.given_up += 1
-            req.broken = refused
-            return token
-        fallback = closer.fallback(slot)
-        return token if fallback is None else fallback
-
-    def _breaks_schema(self, req: Request, guide: GuidedDecodingParams, token: int) -> str | None:
-        if not self.steering.needs_check(token) or token in self.tokenizer.stop_token_ids:
-            return None
-        text = self.tokenizer.decode([*req.output_token_ids, token])
-        return self.steering.problem(guide, text)
+        if broken is not None:  # no draw keeps the output valid
+            req.broken = broken
+        return token
 
     def _redraw(
         self,

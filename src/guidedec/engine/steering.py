@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from guidedec.decoder.closing import BudgetCloser
 from guidedec.engine.validation import OutputValidator, describe_error
 from guidedec.grammar.auto_policy import XGRAMMAR, xgrammar_inexact_reason
 from guidedec.grammar.json_prefix import scan_prefix
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.tokenizer import TokenizerInfo
 
 CONTEXTUAL_KEYWORDS = frozenset(
     {
@@ -145,3 +147,49 @@ def first_admitted(
             return token, refused
         token = redrawn
     raise AssertionError("unreachable")
+
+
+def check_sampled(
+    token: int,
+    *,
+    params: GuidedDecodingParams,
+    slot: int,
+    matcher: GrammarMatcher,
+    closer: BudgetCloser,
+    steering: ValueSteering | None,
+    closing: bool,
+    tokens_left: int,
+    output_ids: Sequence[int],
+    tokenizer: TokenizerInfo,
+    redraw: Callable[[list[int]], int | None],
+) -> tuple[int, str | None]:
+    """The checks of one token sampled for a guided request's last closed row: steering
+    (``steering`` given: the request is steered) refuses a token that settles an invalid value,
+    budget-aware closing (``closing``) one after which no completion fits what is left; a
+    refused token is drawn again without it (``redraw``). Returns the token to emit, and the
+    settled error when no draw kept the output valid (the output cannot be made valid)."""
+
+    def refusal(candidate: int) -> str | None:
+        if (
+            steering is not None
+            and candidate not in tokenizer.stop_token_ids
+            and steering.needs_check(candidate)
+        ):
+            problem = steering.problem(params, tokenizer.decode([*output_ids, candidate]))
+            if problem is not None:
+                steering.stats.steered += 1
+                return problem
+        if closing and closer.checks(slot, params, candidate, tokens_left):
+            admitted = closer.admits(slot, matcher, params, candidate, tokens_left)
+            return None if admitted else NO_FIT
+        return None
+
+    token, refused = first_admitted(token, refusal, redraw)
+    if refused is None:
+        return token, None
+    if refused != NO_FIT:
+        assert steering is not None
+        steering.stats.given_up += 1
+        return token, refused
+    fallback = closer.fallback(slot)
+    return (token if fallback is None else fallback), None

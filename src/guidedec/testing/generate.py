@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
-from guidedec.engine.steering import NO_FIT, ValueSteering, first_admitted
+from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar import GuidedDecodingParams
 
@@ -235,26 +235,19 @@ def _checked(
     steered = out.steered
     if steered is None:
         steered = out.steered = steering.applies(guide, matcher)
-    closer, left = decoder.closer, max_tokens - len(out.token_ids)
-    tokenizer = decoder.config.tokenizer
-
-    def refusal(candidate: int) -> str | None:
-        stop = candidate in tokenizer.stop_token_ids
-        if steered and not stop and steering.needs_check(candidate):
-            problem = steering.problem(guide, tokenizer.decode([*out.token_ids, candidate]))
-            if problem is not None:
-                steering.stats.steered += 1
-                return problem
-        if closer.checks(slot, guide, candidate, left):
-            return None if closer.admits(slot, matcher, guide, candidate, left) else NO_FIT
-        return None
-
-    token, refused = first_admitted(token, refusal, lambda banned: redraw(row, banned))
-    if refused is None:
-        return token
-    if refused != NO_FIT:
-        steering.stats.given_up += 1
-        out.error = refused
-        return token
-    fallback = closer.fallback(slot)
-    return token if fallback is None else fallback
+    token, broken = check_sampled(
+        token,
+        params=guide,
+        slot=slot,
+        matcher=matcher,
+        closer=decoder.closer,
+        steering=steering if steered else None,
+        closing=True,
+        tokens_left=max_tokens - len(out.token_ids),
+        output_ids=out.token_ids,
+        tokenizer=decoder.config.tokenizer,
+        redraw=lambda banned: redraw(row, banned),
+    )
+    if broken is not None:
+        out.error = broken
+    return token

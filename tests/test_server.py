@@ -448,3 +448,15 @@ def test_serve_command_line(capsys: pytest.CaptureFixture[str]) -> None:
         main(["serve", "--help"])
     assert exit_info.value.code == 0
     assert "--served-model-name" in capsys.readouterr().out
+
+
+def test_a_client_that_leaves_a_non_streaming_request_aborts_it(server: str) -> None:
+    """Before, the engine went on generating for a client that had timed out; now the request
+    is aborted and its slot freed within a poll or two."""
+    body = {"model": "tiny-random", "prompt": "Tell a long story:", "max_tokens": 3000}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server}/health").json()["active_requests"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["active_requests"] == 0

@@ -9,6 +9,7 @@ the server keeps serving. A client that disconnects mid-stream aborts its reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -20,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from guidedec.engine import LLM, RequestOutput, SamplingParams
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize
@@ -45,9 +46,15 @@ from guidedec.server.structured import (
 )
 
 DEFAULT_COMPLETION_TOKENS = 16
+DISCONNECT_POLL_S = 0.25
+"""How often a non-streaming request checks that its client is still there."""
 COMPILE_THREADS = 2
 """Guides the server compiles at once (each first probed in a compile worker, which bounds the
 time and the queue)."""
+
+
+class ClientGoneError(Exception):
+    """The client of a non-streaming request went away before its output was ready."""
 
 
 class BadRequestError(ValueError):
@@ -97,7 +104,11 @@ def _add_error_handlers(app: FastAPI) -> None:
         param = getattr(exc, "param", None)
         return JSONResponse(error_body(str(exc), param=param), status_code=400)
 
+    async def gone(_: Request, exc: Exception) -> Response:
+        return Response(status_code=499)  # nobody reads it: the client closed the connection
+
     app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(ClientGoneError, gone)
     app.add_exception_handler(BadRequestError, bad)
     app.add_exception_handler(RequestError, bad)
 
@@ -119,16 +130,16 @@ class _Api:
         card = {"id": self.name, "object": "model", "created": 0, "owned_by": "guidedec"}
         return {"object": "list", "data": [card]}
 
-    async def completions(self, body: CompletionRequest) -> Any:
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
         prompt: Prompt = body.prompt
         params = await self._params(body, prompt, body.max_tokens or DEFAULT_COMPLETION_TOKENS)
         shape = _Shape("cmpl", "text_completion", self.name)
         if body.stream:
             return _sse(self._stream_completion(prompt, params, shape))
-        output = await self._collect(prompt, params)
+        output = await self._collect(prompt, params, request)
         return shape.completion(output, self.llm)
 
-    async def chat_completions(self, body: ChatCompletionRequest) -> Any:
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         try:
             prompt = render_chat([m.model_dump() for m in body.messages], _hf(self.llm))
         except ValueError as exc:
@@ -141,7 +152,7 @@ class _Api:
         shape = _Shape("chatcmpl", "chat.completion", self.name)
         if body.stream:
             return _sse(self._stream_chat(prompt, params, shape, tools))
-        output = await self._collect(prompt, params)
+        output = await self._collect(prompt, params, request)
         return shape.chat(output, self.llm, tools)
 
     async def _params(
@@ -207,7 +218,23 @@ class _Api:
         except (GuidedecError, ValueError) as exc:
             raise BadRequestError(f"invalid guide: {exc}", param) from exc
 
-    async def _collect(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
+    async def _collect(
+        self, prompt: Prompt, params: SamplingParams, request: Request
+    ) -> RequestOutput:
+        """The request's output; a client that goes away before it is ready aborts it (its
+        slot is freed, as for a streaming client that leaves)."""
+        collecting = asyncio.ensure_future(self._output(prompt, params))
+        while True:
+            done, _ = await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return collecting.result()
+            if await request.is_disconnected():
+                collecting.cancel()  # closes the engine's stream, which aborts the request
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collecting
+                raise ClientGoneError
+
+    async def _output(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
         async for delta in self.engine.generate(prompt, params):
             if delta.output is not None:
                 return delta.output

@@ -119,6 +119,8 @@ class AsyncEngine:
         if kind == "abort":
             if stream.request_id is not None:
                 self.llm.abort(stream.request_id)
+                # Counted no more now: with nothing else to run, no step reports the abort.
+                self._streams.pop(stream.request_id, None)
             return
         if stream.cancelled:
             return

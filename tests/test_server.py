@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -460,3 +464,48 @@ def test_a_client_that_leaves_a_non_streaming_request_aborts_it(server: str) -> 
     while httpx.get(f"{server}/health").json()["active_requests"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert httpx.get(f"{server}/health").json()["active_requests"] == 0
+
+
+def test_sigterm_with_a_request_in_flight_ends_the_server(free_tcp_port: int) -> None:
+    """``guidedec serve`` on SIGTERM lets requests in flight run for ``--shutdown-timeout``
+    seconds, then aborts them (HTTP 503 where the connection still takes it) and exits; before,
+    it waited for a long non-streaming request forever."""
+    command = [sys.executable, "-m", "guidedec", "serve", "--port", str(free_tcp_port)]
+    process = subprocess.Popen(
+        [*command, "--shutdown-timeout", "1", "--log-level", "warning"],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    url = f"http://127.0.0.1:{free_tcp_port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        body = {"model": "tiny-random", "prompt": "A long story:", "max_tokens": 3000}
+        errors: list[Exception] = []
+
+        def long_request() -> None:
+            try:
+                response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+                errors.append(RuntimeError(f"answered {response.status_code}: {response.text}"))
+            except httpx.HTTPError as exc:
+                errors.append(exc)
+
+        client = threading.Thread(target=long_request)
+        client.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        assert time.monotonic() - start < 10
+        client.join(timeout=20)
+        # Cut: a 503, or the connection closed before it could be sent; never a 500 or output.
+        assert errors, "the request in flight should have been cut"
+        assert isinstance(errors[0], httpx.HTTPError) or str(errors[0]).startswith("answered 503")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -227,7 +227,13 @@ def serve(args: argparse.Namespace) -> int:
         model_name=args.served_model_name,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    )
     return 0
 
 
@@ -241,6 +247,13 @@ def _add_serve(commands: Any) -> None:
         "--max-request-bytes",
         type=_int_at_least(1),
         help="larger request bodies get HTTP 413 (default: 16 MiB)",
+    )
+    run.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, seconds to let requests in flight finish before closing their "
+        "connections, which aborts them (default: 10)",
     )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=serve)

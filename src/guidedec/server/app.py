@@ -57,6 +57,17 @@ class ClientGoneError(Exception):
     """The client of a non-streaming request went away before its output was ready."""
 
 
+class ShuttingDownError(Exception):
+    """A request still running when the server's graceful shutdown ran out (HTTP 503)."""
+
+
+async def _abort(collecting: asyncio.Future[Any]) -> None:
+    """Cancel a request's collection: that closes its engine stream, which aborts it."""
+    collecting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await collecting
+
+
 class BadRequestError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -108,7 +119,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         return Response(status_code=499)  # nobody reads it: the client closed the connection
 
     app.add_exception_handler(RequestValidationError, invalid)
+
+    async def shutting_down(_: Request, exc: Exception) -> JSONResponse:
+        body = error_body("the server is shutting down", kind="service_unavailable")
+        return JSONResponse(body, status_code=503)
+
     app.add_exception_handler(ClientGoneError, gone)
+    app.add_exception_handler(ShuttingDownError, shutting_down)
     app.add_exception_handler(BadRequestError, bad)
     app.add_exception_handler(RequestError, bad)
 
@@ -224,15 +241,17 @@ class _Api:
         """The request's output; a client that goes away before it is ready aborts it (its
         slot is freed, as for a streaming client that leaves)."""
         collecting = asyncio.ensure_future(self._output(prompt, params))
-        while True:
-            done, _ = await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return collecting.result()
-            if await request.is_disconnected():
-                collecting.cancel()  # closes the engine's stream, which aborts the request
-                with contextlib.suppress(asyncio.CancelledError):
-                    await collecting
-                raise ClientGoneError
+        try:
+            while True:
+                done, _ = await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return collecting.result()
+                if await request.is_disconnected():
+                    await _abort(collecting)
+                    raise ClientGoneError
+        except asyncio.CancelledError:  # the server's graceful shutdown ran out
+            await _abort(collecting)
+            raise ShuttingDownError from None
 
     async def _output(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
         async for delta in self.engine.generate(prompt, params):

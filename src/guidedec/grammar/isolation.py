@@ -53,7 +53,8 @@ CPU the steps of running requests leave, not theirs."""
 
 @dataclass
 class CompileIsolation:
-    """Settings and workers of compile isolation (see the module's docstring).
+    """Settings and workers of compile isolation (see the module's docstring). The workers
+    serve the tokenizer of the first config they see: one isolation per tokenizer.
 
     Args:
         timeout_s: A probe's deadline, waiting for a worker included.
@@ -94,7 +95,8 @@ class CompileIsolation:
         with self._lock:
             if self._pool is None:
                 self._pool = _Pool(self, config)
-        self._pool.warm()
+            pool = self._pool
+        pool.warm()
 
     def start_in_background(self, config: GuidedDecodingConfig) -> threading.Thread:
         """:meth:`start` on a daemon thread (join it to wait); a failure there shows at the

@@ -19,8 +19,9 @@ import torch
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
+from guidedec.decoder.closing import BudgetCloser
 from guidedec.grammar.closing import CompletionSearch, guide_words
-from guidedec.grammar.matcher import GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 from guidedec.tokenizer import TokenizerInfo
 
 BACKENDS = ["xgrammar", "llguidance", "auto"]
@@ -72,6 +73,53 @@ def test_a_witness_completes_the_guide_and_leaves_the_matcher_as_it_was(
         assert all(matcher.accept_token(t) for t in witness) and matcher.is_terminated()
         lengths.append(len(witness))
     assert sorted(lengths)[len(lengths) // 2] <= 12  # short completions, not the limit
+
+
+class _CountingMatcher(GrammarMatcher):
+    """Counts the mask fills of the matcher it wraps."""
+
+    def __init__(self, inner: GrammarMatcher) -> None:
+        self.inner, self.fills = inner, 0
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.inner.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        self.fills += 1
+        self.inner.fill_next_token_bitmask(bitmask, index)
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_the_probe_finds_short_witnesses_with_few_mask_fills(
+    backend: str,
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    search: CompletionSearch,
+) -> None:
+    """Oracle: the search proper (a mask at every state). The probe's witnesses are valid,
+    about as short, and most of them cost no mask fill at all."""
+    factory = make_factory(backend)
+    probed, searched, fills, none, plain_fills = 0, 0, [], 0, 0
+    for params, prefix in _prefixes(tokenizer):
+        matcher = _CountingMatcher(factory.create(params))
+        assert all(matcher.accept_token(t) for t in prefix)
+        words = guide_words(params, tokenizer)
+        plain = search.witness(matcher, 48, words=words, probe=False)
+        plain_fills, matcher.fills = plain_fills + matcher.fills, 0
+        witness = search.witness(matcher, 48, words=words)
+        assert witness is not None and plain is not None
+        fills.append(matcher.fills)
+        none += matcher.fills == 0
+        assert all(matcher.accept_token(t) for t in witness) and matcher.is_terminated()
+        probed, searched = probed + len(witness), searched + len(plain)
+    assert none >= 0.5 * len(fills) and sum(fills) * 4 < plain_fills, (fills, plain_fills)
+    assert probed <= 1.15 * searched, (probed, searched)
 
 
 def test_no_witness_within_too_small_a_limit(
@@ -267,3 +315,33 @@ def test_a_guide_no_completion_fits_is_searched_once() -> None:
     assert all(o.finish_reason == "length" and o.incomplete for o in outputs)
     stats = llm.decoder.closer.stats
     assert stats.searches == 1 and stats.no_fit == 8
+
+
+def test_a_guide_s_recent_witnesses_are_replayed_before_a_search(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo
+) -> None:
+    """A second output at the same state replays the first one's witness (exact: the matcher
+    accepts it and ends); at another state the kept witness does not complete and a search
+    runs."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    params = GuidedDecodingParams(json_schema=schema)
+    factory = make_factory("xgrammar")
+    closer = BudgetCloser(tokenizer, num_slots=3)
+
+    def at(text: str) -> GrammarMatcher:
+        matcher = factory.create(params)
+        assert all(matcher.accept_token(t) for t in tokenizer.encode(text))
+        return matcher
+
+    token = tokenizer.encode("x")[0]
+    assert closer.admits(0, at('{"name": "ab'), params, token, 40)
+    assert closer.stats.searches == 1 and closer.stats.recent_hits == 0
+    assert closer.admits(1, at('{"name": "cd'), params, token, 40)
+    assert closer.stats.searches == 1 and closer.stats.recent_hits == 1
+    assert closer.admits(2, at('{"name": "x", "age": 1'), params, tokenizer.encode("2")[0], 40)
+    assert closer.stats.searches == 2

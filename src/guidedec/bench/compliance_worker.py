@@ -270,6 +270,8 @@ class Evaluator:
             verdict = validate(validator, self.tokenizer.decode(output.token_ids))
             invalid = verdict is not None and not verdict.startswith("unchecked")
             out.gen_plain_invalid += output.finished and invalid
+        # Mask times come from the first run: closing's searches fill masks of other states.
+        timing.times = array("f")
         checks = EngineChecks(validator=self.output_validator)
         closing = decoder.closer.stats
         forced, start = closing.forced_rows, time.perf_counter()

@@ -10,6 +10,10 @@ witness to its stop token. A witness stays valid while the output follows it, so
 costs no search. In between, the engine checks each token the model samples
 (:meth:`BudgetCloser.admits`): one after which no completion fits is drawn again without it.
 
+Before it searches, the closer replays the witnesses it found lately for the same guide
+(``RECENT_KEPT``): the outputs of one guide pass through the same states, and a replay is exact
+(the matcher accepts the witness and ends with it) and costs no mask fill.
+
 Cost bounds: no search before ``WINDOW`` tokens are left; under a JSON guide with more than
 ``CHECK_ROOM`` tokens of room, sampled tokens without a structural character are not checked;
 a search expands at most ``8 * tokens_left + 16`` states.
@@ -28,7 +32,13 @@ import numpy.typing as npt
 
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
-from guidedec.grammar.closing import ClosingVocab, CompletionSearch, DigitTokens, guide_words
+from guidedec.grammar.closing import (
+    ClosingVocab,
+    CompletionSearch,
+    DigitTokens,
+    completes,
+    guide_words,
+)
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
@@ -43,6 +53,13 @@ MAX_DIGIT_RUN = 24
 """The most ASCII digits in a row that a JSON guided output may hold (see ``_bound_digits``)."""
 REPLAY_SKIPS = 3
 """Leading tokens of the previous witness a replay may skip (the sampled token wrote them)."""
+KEYS_KEPT = 64
+"""Params objects whose guide keys are kept (they are kept alive while listed)."""
+RECENT_KEPT = 8
+"""Witnesses kept per guide: a search first tries those (a replay costs no mask fill)."""
+RECENT_SLACK = 8
+"""Room a kept witness must leave to be used: it may be longer than a fresh search's, which
+matters only where the budget is close."""
 CHECK_ROOM = 24
 """Room (tokens left beyond the witness) below which each sampled token is checked: one token
 can commit the output to many more (a further tool call, an optional key)."""
@@ -59,6 +76,7 @@ class ClosingStats:
     no_fit: int = 0
     resampled: int = 0
     digit_runs_cut: int = 0
+    recent_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -83,6 +101,8 @@ class BudgetCloser:
         self._search: CompletionSearch | None = None
         self._digits: DigitTokens | None = None  # built at the first JSON row
         self._words: dict[object, list[int]] = {}
+        self._recent: dict[object, list[list[int]]] = {}  # guide -> witnesses found lately
+        self._keys: dict[int, tuple[GuidedDecodingParams, object]] = {}
         self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
@@ -121,7 +141,7 @@ class BudgetCloser:
             params = req.guided_decoding_params
             assert params is not None
             start = req.new_token is None  # the guide's initial state (the context step)
-            key = guide_cache_key(params)
+            key = self._key(params)
             if start and self._start_no_fit.get(key, 0) >= left:
                 witness = None  # this guide's start had no completion within as many tokens
             else:
@@ -241,17 +261,38 @@ class BudgetCloser:
             return None
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
-        key = guide_cache_key(params)
-        if key not in self._words:
+        key = self._key(params)
+        recent = self._recent.get(key)
+        if recent is None:
             if len(self._words) >= GUIDES_KEPT:
                 self._words.clear()
+                self._recent.clear()
             self._words[key] = guide_words(params, self.tokenizer)
+            recent = self._recent[key] = []
+        for known in recent:  # another output of the guide was here (or somewhere like it)
+            if len(known) + RECENT_SLACK <= left and completes(matcher, known):
+                self.stats.recent_hits += 1
+                return known
         start = time.perf_counter()
         witness = self._search.witness(matcher, left, words=self._words[key])
         self.stats.search_s += time.perf_counter() - start
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes
+        if witness is not None and witness not in recent:
+            recent.insert(0, witness)
+            del recent[RECENT_KEPT:]
         return witness
+
+    def _key(self, params: GuidedDecodingParams) -> object:
+        """The guide's cache key (the requests of one guide often share their params)."""
+        known = self._keys.get(id(params))
+        if known is not None and known[0] is params:
+            return known[1]
+        key = guide_cache_key(params)
+        if len(self._keys) >= KEYS_KEPT:
+            self._keys.clear()
+        self._keys[id(params)] = (params, key)
+        return key
 
 
 def _replayed(matcher: GrammarMatcher, witness: list[int] | None, limit: int) -> list[int] | None:
@@ -265,14 +306,6 @@ def _replayed(matcher: GrammarMatcher, witness: list[int] | None, limit: int) ->
         candidate = witness[skip:]
         if not candidate or len(candidate) > limit:
             continue
-        accepted = 0
-        for token in candidate:
-            if not matcher.accept_token(token):
-                break
-            accepted += 1
-        complete = accepted == len(candidate) and matcher.is_terminated()
-        if accepted:
-            matcher.rollback(accepted)
-        if complete:
+        if completes(matcher, candidate):
             return candidate
     return None

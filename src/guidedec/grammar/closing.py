@@ -5,6 +5,14 @@ tokens: a *witness*, a token sequence that the grammar accepts and that ends wit
 Neither backend exposes the grammar's structure or a shortest-completion query, so the search
 runs on what every matcher offers: fill the state's mask, accept a token, roll back.
 
+A *probe* runs first, and finds most witnesses without reading a mask: from each state it
+accepts a stop token if it can, else the first token the matcher accepts among a short list of
+one-character candidates (closers, separators, openers, ``0``) and the guide's words, reading
+the state's mask only where none of them is accepted; the text it spelled is then encoded
+again (``"`` ``,`` ``"`` becomes ``","``) where the grammar accepts that. A try costs one
+``accept_token`` (about 1 µs), a mask fill and the choice among its tokens about 50 µs. Where
+the probe runs into a dead end or a cycle, the search proper runs:
+
 The search is a depth-first search with backtracking over a few preferred tokens per state:
 
 - a state whose mask allows a stop token is complete (the witness ends there);
@@ -54,6 +62,10 @@ MAX_CYCLE = 16
 """The longest token cycle the search recognises (see ``CompletionSearch._repeats``)."""
 PER_STATE = 12
 """Allowed tokens looked at per state, in preference order."""
+PROBE_CANDIDATES = 24
+"""Candidates the probe tries per state (see ``CompletionSearch._probe``)."""
+PROBE_TRIES = 24
+"""Tries per token of the limit after which the probe gives up (a cycle of accepted tokens)."""
 MAX_CANDIDATE_CHARS = 3
 """The longest token text among the candidates (a state allowing none of them falls back to
 its lowest allowed token ids)."""
@@ -157,6 +169,37 @@ def token_kind(text: str) -> int:
     return _DIGITS if first.isdigit() else 16 + ord(first)
 
 
+PROBE_FIRST = CLOSING_ORDER + "{[0"
+"""The characters the probe tries before a guide's words: closers and separators (they end
+what is open), openers (a value that must be an object or an array) and a digit (a number)."""
+
+
+def _probe_singles(texts: list[str], excluded: set[int]) -> tuple[npt.NDArray[np.int64], int]:
+    """The one-character tokens of printable ASCII (no whitespace): those of ``PROBE_FIRST`` in
+    its order, then the rest in code order; and how many come first."""
+    ids: dict[str, int] = {}
+    for token_id, text in enumerate(texts):
+        one = len(text) == 1 and text.isascii() and text.isprintable() and text != " "
+        if one and token_id not in excluded:
+            ids.setdefault(text, token_id)
+    first = [ids[ch] for ch in PROBE_FIRST if ch in ids]
+    rest = [ids[ch] for ch in sorted(ids) if ch not in PROBE_FIRST]
+    return np.array(first + rest, dtype=np.int64), len(first)
+
+
+def completes(matcher: GrammarMatcher, tokens: Sequence[int]) -> bool:
+    """Whether the matcher accepts ``tokens`` and ends the guide with them (left as it was)."""
+    accepted = 0
+    for token in tokens:
+        if not matcher.accept_token(token):
+            break
+        accepted += 1
+    complete = accepted == len(tokens) and matcher.is_terminated()
+    if accepted:
+        matcher.rollback(accepted)
+    return complete
+
+
 @dataclass(frozen=True)
 class ClosingVocab:
     """What the search knows of a tokenizer: its preferred tokens, the whitespace ones among
@@ -169,6 +212,8 @@ class ClosingVocab:
     num_closers: int
     stop_token_ids: tuple[int, ...]
     vocab_size: int
+    singles: npt.NDArray[np.int64]  # one-character tokens in the probe's order
+    num_singles_first: int  # those tried before the guide's words
 
     def with_words(self, words: Sequence[int]) -> npt.NDArray[np.int64]:
         """The order with ``words`` moved right after the closers."""
@@ -202,6 +247,7 @@ class ClosingVocab:
         structural = np.zeros(tokenizer.vocab_size, dtype=np.bool_)
         for token_id, text in enumerate(texts):
             structural[token_id] = any(ch in JSON_STRUCTURE for ch in text)
+        singles, first = _probe_singles(texts, excluded)
         return cls(
             order,
             np.array(spaces, dtype=np.int64),
@@ -210,6 +256,8 @@ class ClosingVocab:
             closers,
             tokenizer.stop_token_ids,
             tokenizer.vocab_size,
+            singles,
+            first,
         )
 
 
@@ -218,13 +266,15 @@ class CompletionSearch:
 
     def __init__(self, tokenizer: TokenizerInfo) -> None:
         self.vocab = ClosingVocab.of(tokenizer)
+        self._tokenizer = tokenizer
         self._rows = torch.empty(0)
         self.nodes = 0  # expansions of the last search
+        self.tries = 0  # tokens its probe tried
         self._fingerprints: list[int] = []  # the masks along the path (the root's first)
         self._budget = self._limit = 0
         self._prune_cycles = True
-        self._order: tuple[npt.NDArray[Any], ...] = ()
-        self._orderings: dict[tuple[int, ...], tuple[npt.NDArray[Any], ...]] = {}
+        self._order: tuple[Any, ...] = ()
+        self._orderings: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
     def witness(
         self,
@@ -233,11 +283,13 @@ class CompletionSearch:
         *,
         words: Sequence[int] = (),
         max_nodes: int | None = None,
+        probe: bool = True,
     ) -> list[int] | None:
         """A completion of at most ``limit`` tokens that ends with a stop token, or None; the
         matcher is left in its state. ``words``: the guide's own tokens (its property names
         and literals, see :func:`guide_words`), tried right after the closers; ``max_nodes``
-        bounds the expansions (default ``8 * limit + 16``)."""
+        bounds the expansions (default ``8 * limit + 16``); ``probe=False`` skips the probe
+        (the search proper reads a mask at every state)."""
         if matcher.is_terminated() or limit < 1:
             return None
         self._order = self._ordering(tuple(words))
@@ -245,6 +297,9 @@ class CompletionSearch:
             self._rows = allocate_bitmask(limit + 1, self.vocab.vocab_size)
         total = 8 * limit + 16 if max_nodes is None else max_nodes
         self.nodes = 0
+        probed = self._probe(matcher, limit) if probe else None
+        if probed is not None:
+            return probed
         # The preferred path first, as deep as allowed; then iterative deepening, which gets
         # around a cycle the preferred tokens run into (``(ab)*c``: "ab" forever); both prune
         # cycles. Last, the preferred path again with cycles allowed: some guides need them
@@ -262,7 +317,56 @@ class CompletionSearch:
                 return path
         return None
 
-    def _ordering(self, words: tuple[int, ...]) -> tuple[npt.NDArray[Any], ...]:
+    def _probe(self, matcher: GrammarMatcher, limit: int) -> list[int] | None:
+        """A completion found by trying tokens (accept, roll back) instead of reading masks: at
+        each state a stop token if one is accepted, else the first accepted of the probe's
+        candidates (one-character closers, separators, digits and openers, then the guide's
+        words, then the other printable characters: see ``ClosingVocab.singles``). The text is
+        encoded again (``"`` ``,`` ``"`` ``a`` becomes ``",`` ``"a``) where the grammar accepts
+        that. None where a state accepts no candidate, past ``PROBE_TRIES`` tries per token of
+        ``limit`` (a cycle), or when the completion does not fit ``limit``: the search then
+        reads masks. The matcher is left in its state."""
+        candidates = self._order[5][:PROBE_CANDIDATES]
+        stops = self.vocab.stop_token_ids
+        path: list[int] = []
+        tries, most = 0, PROBE_TRIES * limit
+        found: int | None = None
+        try:
+            while tries <= most and found is None:
+                for stop in stops:
+                    tries += 1
+                    if matcher.accept_token(stop):
+                        matcher.rollback(1)
+                        found = stop
+                        break
+                if found is not None:
+                    break
+                for token in candidates:
+                    tries += 1
+                    if matcher.accept_token(token):
+                        path.append(token)
+                        break
+                else:  # a rarer token (inside a key, a pattern): read the state's mask
+                    self.nodes += 1
+                    matcher.fill_next_token_bitmask(self._rows, 0)
+                    preferred = self._preferred(self._rows[0].numpy())
+                    if not preferred or not matcher.accept_token(preferred[0]):
+                        break
+                    path.append(preferred[0])
+        finally:
+            self.tries = tries
+            if path:
+                matcher.rollback(len(path))
+        if found is None:
+            return None
+        witness = [*path, found]
+        if len(path) > 1:
+            merged = [*self._tokenizer.encode(self._tokenizer.decode(path)), found]
+            if len(merged) < len(witness) and completes(matcher, merged):
+                witness = merged
+        return witness if len(witness) <= limit else None
+
+    def _ordering(self, words: tuple[int, ...]) -> tuple[Any, ...]:
         """The candidates with ``words`` boosted, and per candidate its word index and bit,
         whether it is whitespace and its kind (kept for the last few guides)."""
         cached = self._orderings.get(words)
@@ -273,7 +377,10 @@ class CompletionSearch:
         kinds = self.vocab.kinds[order]
         boosted = np.isin(order, np.asarray(words, dtype=np.int64))
         kinds[boosted] = _WORD_KINDS + np.arange(int(boosted.sum()))  # each word a kind
-        entry = (order, order >> 5, (order & 31).astype(np.uint32), space, kinds)
+        singles = self.vocab.singles
+        first = self.vocab.num_singles_first
+        probe = list(dict.fromkeys([*singles[:first].tolist(), *words, *singles[first:].tolist()]))
+        entry = (order, order >> 5, (order & 31).astype(np.uint32), space, kinds, probe)
         if len(self._orderings) >= _ORDERINGS_KEPT:
             self._orderings.pop(next(iter(self._orderings)))
         self._orderings[words] = entry
@@ -344,7 +451,7 @@ class CompletionSearch:
         words, the rest; whitespace only where nothing else is allowed (else the lowest allowed
         token ids)."""
         unsigned = words.view(np.uint32)
-        order, order_words, order_bits, is_space, kinds = self._order
+        order, order_words, order_bits, is_space, kinds, _ = self._order
         hits = np.flatnonzero((unsigned[order_words] >> order_bits) & 1)
         solid = hits[~is_space[hits]]
         if solid.size:  # the first token of each kind: a number or a word counts once

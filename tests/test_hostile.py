@@ -61,6 +61,10 @@ HOSTILE: dict[str, tuple[GuidedDecodingParams, str]] = {
         "external",
     ),
     "deep": (GuidedDecodingParams(json_schema=_deep(400)), "max_depth"),
+    "slow masks": (
+        GuidedDecodingParams(lark="start: /(a{300}){300}/"),
+        "mask_time_limit_ms",
+    ),
     "negative length": (
         GuidedDecodingParams(json_schema={"type": "string", "maxLength": -1}),
         "must not be negative",
@@ -102,3 +106,16 @@ def test_a_strided_bitmask_is_refused(backend: str) -> None:
     wide = torch.zeros(4, 2 * words, dtype=torch.int32)
     with pytest.raises(ValueError, match="contiguous"):
         matcher.fill_next_token_bitmask(wide[:, ::2], 0)
+
+
+def test_the_mask_time_limit_is_configurable_and_checked() -> None:
+    with pytest.raises(ValueError, match="mask_time_limit_ms"):
+        GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), mask_time_limit_ms=0)
+    engine = LLM("tiny-random", max_num_seqs=1, mask_time_limit_ms=None, isolate_compiles=False)
+    try:
+        guide = GuidedDecodingParams(lark="start: /(a{300}){300}/")
+        out = engine.generate(["x"], [SamplingParams(max_tokens=3, guided_decoding=guide)])[0]
+    finally:
+        engine.close()
+    assert out.finish_reason == "length" and len(out.token_ids) == 3  # slow, not refused
+    assert set(out.text) == {"a"}

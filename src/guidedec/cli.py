@@ -87,10 +87,17 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _temperature(text: str) -> float:
+def _non_negative_float(text: str) -> float:
     value = float(text)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
     return value
 
 
@@ -177,6 +184,14 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         help="fill a batch's mask rows in parallel, one by one, or whichever measures faster",
     )
     run.add_argument(
+        "--mask-time-limit-ms",
+        type=_non_negative_float,
+        default=20.0,
+        metavar="MS",
+        help="fail a guided request whose token masks take longer than MS on average "
+        "(default: 20; 0: no limit)",
+    )
+    run.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="static KV caches; decode steps replayed from CUDA graphs (no graph on a CPU)",
@@ -187,7 +202,9 @@ def _add_sampling(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--max-tokens", type=_int_at_least(1), default=256, metavar="N", help="per prompt"
     )
-    run.add_argument("--temperature", type=_temperature, default=0.0, metavar="T", help="0: greedy")
+    run.add_argument(
+        "--temperature", type=_non_negative_float, default=0.0, metavar="T", help="0: greedy"
+    )
     run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="1: off")
     run.add_argument("--top-k", type=_int_at_least(0), default=0, metavar="K", help="0: off")
     run.add_argument("--seed", type=int, metavar="S", help="prompt i samples with seed S + i")
@@ -220,6 +237,12 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from guidedec.server import create_app
+    from guidedec.server.connections import (
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_HEADER_TIMEOUT_S,
+        DEFAULT_MAX_CONNECTIONS,
+        guarded_protocol,
+    )
     from guidedec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
     app = create_app(
@@ -233,6 +256,11 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
+        http=guarded_protocol(
+            args.header_timeout or DEFAULT_HEADER_TIMEOUT_S,
+            args.body_timeout or DEFAULT_BODY_TIMEOUT_S,
+        ),
+        limit_concurrency=args.max_connections or DEFAULT_MAX_CONNECTIONS,
     )
     return 0
 
@@ -254,6 +282,25 @@ def _add_serve(commands: Any) -> None:
         default=10.0,
         help="on SIGTERM, seconds to let requests in flight finish before closing their "
         "connections, which aborts them (default: 10)",
+    )
+    run.add_argument(
+        "--header-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="close a connection whose request head has not arrived within S seconds of its "
+        "start or of the previous response (default: 10)",
+    )
+    run.add_argument(
+        "--body-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="close a connection whose request body has sent nothing for S seconds (default: 30)",
+    )
+    run.add_argument(
+        "--max-connections",
+        type=_int_at_least(1),
+        metavar="N",
+        help="connections and requests at once; past it, HTTP 503 (default: 1024)",
     )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=serve)

@@ -120,9 +120,14 @@ def build_llm(args: argparse.Namespace) -> LLM:
             cuda_graphs=getattr(args, "cuda_graphs", False),
             fill_mode=getattr(args, "fill_mode", "auto"),
             max_model_len=getattr(args, "max_model_len", None),
+            mask_time_limit_ms=_mask_time_limit(getattr(args, "mask_time_limit_ms", 20.0)),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc
+
+
+def _mask_time_limit(value: float) -> float | None:
+    return None if value == 0 else value
 
 
 def sampling_params(args: argparse.Namespace, guide: Guide) -> list[SamplingParams]:

@@ -33,6 +33,8 @@ from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
 Failure = tuple[int, str]
 DEAD_END = "reached a grammar state that allows no token (dead end)"
+MIN_TIMED_FILLS = 2
+"""Mask fills of a request before its mean fill time is held to ``mask_time_limit_ms``."""
 
 
 class RequestError(GuidedecError):
@@ -113,6 +115,8 @@ class BaseGuidedDecoder:
         self.rank = rank
         self.factory = factory if factory is not None else create_grammar_matcher_factory(config)
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
+        limit = config.mask_time_limit_ms
+        self._mask_limit_s = None if limit is None else limit / 1e3
         self._allocate_buffers()
         self.grammar_matchers: list[GrammarMatcher | None] = [None] * max_num_sequences
         self.num_advanced_tokens = [0] * max_num_sequences
@@ -128,6 +132,9 @@ class BaseGuidedDecoder:
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
+        # Per slot: seconds and count of its request's mask fills (one row at a time only).
+        self._mask_s = [0.0] * max_num_sequences
+        self._mask_fills = [0] * max_num_sequences
 
     @property
     def max_num_rows(self) -> int:
@@ -203,6 +210,7 @@ class BaseGuidedDecoder:
     def _create_matcher(self, req: GuidedRequest) -> None:
         assert req.guided_decoding_params is not None
         self.closer.forget(req.seq_slot)
+        self._mask_s[req.seq_slot], self._mask_fills[req.seq_slot] = 0.0, 0
         self.grammar_matchers[req.seq_slot] = None
         self.grammar_matchers[req.seq_slot] = self.factory.create(req.guided_decoding_params)
 
@@ -267,7 +275,7 @@ class BaseGuidedDecoder:
                 elif drafts:
                     self._fill_request(req, matcher, offset, drafts)
                 else:  # one row: what _fill_request does, inline
-                    matcher.fill_next_token_bitmask(bitmask, offset)
+                    self._timed_fill(matcher, bitmask, offset, slot)
                     if row_is_valid(offset):
                         token_mask[offset] = 1
                         self.num_guided_tokens[slot] = 1
@@ -409,10 +417,10 @@ class BaseGuidedDecoder:
         new token's row is position 0, then one after each draft token. The same checks as
         :meth:`_after_fill`, in one loop."""
         slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_np
-        fill, row_is_valid = matcher.fill_next_token_bitmask, self._row_is_valid
+        row_is_valid = self._row_is_valid
         guided = 0
         for position in range(start, len(drafts) + 1):
-            fill(bitmask, row)
+            self._timed_fill(matcher, bitmask, row, slot)
             if not row_is_valid(row):
                 if position > 0:
                     break
@@ -433,6 +441,25 @@ class BaseGuidedDecoder:
             row += 1
         self.num_guided_tokens[slot] += guided
         self.stats.rows_filled += self.num_guided_tokens[slot]
+
+    def _timed_fill(
+        self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int
+    ) -> None:
+        """Fill one row, and hold the request's mean fill time to ``mask_time_limit_ms``."""
+        began = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask, row)
+        self._mask_s[slot] += time.perf_counter() - began
+        self._mask_fills[slot] += 1
+        limit = self._mask_limit_s
+        if limit is None or self._mask_fills[slot] < MIN_TIMED_FILLS:
+            return
+        mean = self._mask_s[slot] / self._mask_fills[slot]
+        if mean > limit:
+            raise RequestError(
+                f"this guide's token masks take {mean * 1e3:.0f} ms each, over the limit of "
+                f"{limit * 1e3:g} ms (GuidedDecodingConfig.mask_time_limit_ms): "
+                "it would slow every request of the batch"
+            )
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))

@@ -69,6 +69,9 @@ class LLM(EngineCore):
             process, such as a pool's worker, gets, since it may not start processes).
         guide_limits: Limits on a guide's size and shape (default ``GuideLimits()``; see
             :mod:`guidedec.grammar.limits`); a guide past one fails its request, naming it.
+        mask_time_limit_ms: A request whose token masks take longer than this on average
+            ends with ``grammar_error`` (default 20 ms; real guides take microseconds; None: no
+            limit). See :class:`guidedec.grammar.config.GuidedDecodingConfig`.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class LLM(EngineCore):
         max_model_len: int | None = None,
         isolate_compiles: bool = True,
         guide_limits: GuideLimits | None = None,
+        mask_time_limit_ms: float | None = 20.0,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -111,6 +115,7 @@ class LLM(EngineCore):
             fill_mode=fill_mode,
             isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate else None,
             limits=guide_limits or GuideLimits(),
+            mask_time_limit_ms=mask_time_limit_ms,
         )
         # The compile workers start (the first engine of a process: a fork server, seconds)
         # while the engine is built; no request's compile timeout runs during it.

@@ -52,6 +52,12 @@ class GuidedDecodingConfig:
             default here; ``LLM`` and the server turn it on) compiles in this process only.
         limits: Limits on a guide's size and shape, checked before any backend sees it (see
             :mod:`guidedec.grammar.limits` for the defaults and why).
+        mask_time_limit_ms: A request whose token masks take longer than this on average
+            (from its second fill on, counting the first) ends with ``grammar_error``: a guide
+            whose masks cost tens of milliseconds (a Lark regex nested ``{100}`` deep) would
+            hold every request of the batch at that pace. Masks of real guides take tens of
+            microseconds. Timed where a batch's rows are filled one at a time (fewer than four
+            guided rows, or ``fill_mode="sequential"``). None: no limit.
     """
 
     backend: BackendName = "auto"
@@ -65,6 +71,7 @@ class GuidedDecodingConfig:
     fill_threads: int | None = None
     isolation: CompileIsolation | None = field(default=None, compare=False)
     limits: GuideLimits = field(default_factory=GuideLimits)
+    mask_time_limit_ms: float | None = 20.0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -83,6 +90,8 @@ class GuidedDecodingConfig:
             )
         if self.fill_threads is not None and self.fill_threads < 1:
             raise ValueError(f"fill_threads must be >= 1, got {self.fill_threads}")
+        if self.mask_time_limit_ms is not None and not self.mask_time_limit_ms > 0:
+            raise ValueError(f"mask_time_limit_ms must be > 0, got {self.mask_time_limit_ms}")
         if self.cache_limit_bytes < 0 or self.max_rollback_tokens < 0:
             raise ValueError("cache_limit_bytes and max_rollback_tokens must be non-negative")
 

@@ -295,7 +295,10 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
         while not conn.poll(1.0):
             if not process_alive(settings.parent):
                 return
-        job = conn.recv()
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):  # the parent closed the pipe: it is done with us
+            return
         if job is None:
             return
         backend, params, options = job

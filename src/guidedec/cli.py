@@ -184,6 +184,11 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         help="fill a batch's mask rows in parallel, one by one, or whichever measures faster",
     )
     run.add_argument(
+        "--compile-cache-dir",
+        metavar="DIR",
+        help="keep xgrammar's compiled grammars in DIR across restarts (shared by processes)",
+    )
+    run.add_argument(
         "--mask-time-limit-ms",
         type=_non_negative_float,
         default=20.0,

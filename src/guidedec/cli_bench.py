@@ -1,9 +1,9 @@
 """``guidedec bench``: the measuring instruments behind one command.
 
-``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``e2e``, ``fill``
-and ``robustness`` run the scripts of the same names in the source checkout's ``benchmarks/``
-folder (they are developer tools that compare against other libraries, so they are not
-installed with the package).
+``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``disk-cache``,
+``e2e``, ``fill`` and ``robustness`` run the scripts of the same names in the source checkout's
+``benchmarks/`` folder (they are developer tools that compare against other libraries, so they
+are not installed with the package).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ SCRIPTS = {
     "apply": "bench_apply.py",
     "closing": "bench_closing.py",
     "decoder": "bench_decoder.py",
+    "disk-cache": "bench_disk_cache.py",
     "e2e": "bench_e2e.py",
     "fill": "bench_fill.py",
     "robustness": "bench_robustness.py",
@@ -32,7 +33,8 @@ class BenchError(RuntimeError):
 def add_bench(commands: Any) -> None:
     run = commands.add_parser(
         "bench",
-        help="run a benchmark (compliance, apply, closing, decoder, e2e, fill, robustness)",
+        help="run a benchmark (compliance, apply, closing, decoder, disk-cache, e2e, fill, "
+        "robustness)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -121,6 +121,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             fill_mode=getattr(args, "fill_mode", "auto"),
             max_model_len=getattr(args, "max_model_len", None),
             mask_time_limit_ms=_mask_time_limit(getattr(args, "mask_time_limit_ms", 20.0)),
+            compile_cache_dir=getattr(args, "compile_cache_dir", None),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc

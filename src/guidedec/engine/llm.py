@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 from collections.abc import Sequence
 
 import torch
@@ -69,6 +70,8 @@ class LLM(EngineCore):
             process, such as a pool's worker, gets, since it may not start processes).
         guide_limits: Limits on a guide's size and shape (default ``GuideLimits()``; see
             :mod:`guidedec.grammar.limits`); a guide past one fails its request, naming it.
+        compile_cache_dir: A directory that keeps xgrammar's compiled grammars across
+            restarts, shared by processes (see :mod:`guidedec.grammar.disk_cache`).
         mask_time_limit_ms: A request whose token masks take longer than this on average
             ends with ``grammar_error`` (default 20 ms; real guides take microseconds; None: no
             limit). See :class:`guidedec.grammar.config.GuidedDecodingConfig`.
@@ -96,6 +99,7 @@ class LLM(EngineCore):
         isolate_compiles: bool = True,
         guide_limits: GuideLimits | None = None,
         mask_time_limit_ms: float | None = 20.0,
+        compile_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         spec = parse_speculative(speculative)
         if spec and num_draft_tokens < 1:
@@ -116,6 +120,7 @@ class LLM(EngineCore):
             isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate else None,
             limits=guide_limits or GuideLimits(),
             mask_time_limit_ms=mask_time_limit_ms,
+            compile_cache_dir=None if compile_cache_dir is None else os.fspath(compile_cache_dir),
         )
         # The compile workers start (the first engine of a process: a fork server, seconds)
         # while the engine is built; no request's compile timeout runs during it.

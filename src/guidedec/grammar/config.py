@@ -52,6 +52,9 @@ class GuidedDecodingConfig:
             default here; ``LLM`` and the server turn it on) compiles in this process only.
         limits: Limits on a guide's size and shape, checked before any backend sees it (see
             :mod:`guidedec.grammar.limits` for the defaults and why).
+        compile_cache_dir: A directory where xgrammar's compiled grammars are kept across
+            restarts and shared by processes (see :mod:`guidedec.grammar.disk_cache`); None
+            (default): in memory only.
         mask_time_limit_ms: A request whose token masks take longer than this on average
             (from its second fill on, counting the first) ends with ``grammar_error``: a guide
             whose masks cost tens of milliseconds (a Lark regex nested ``{100}`` deep) would
@@ -72,6 +75,7 @@ class GuidedDecodingConfig:
     isolation: CompileIsolation | None = field(default=None, compare=False)
     limits: GuideLimits = field(default_factory=GuideLimits)
     mask_time_limit_ms: float | None = 20.0
+    compile_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

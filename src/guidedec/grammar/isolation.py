@@ -305,7 +305,7 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
         try:
             factory: Any = next((f for b, o, f in factories if b == backend and o == options), None)
             if factory is None:
-                config = replace(options, tokenizer=tokenizer)
+                config = replace(options, tokenizer=tokenizer, compile_cache_dir=None)
                 factory = build_backend_factory(backend, config)
                 factories.append((backend, options, factory))
             start = time.monotonic()

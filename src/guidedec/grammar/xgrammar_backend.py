@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
 import json
 import os
 import re
 import threading
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from pathlib import Path
 
 import torch
 import xgrammar as xgr
 
+from guidedec import __version__
 from guidedec.errors import GrammarError
 from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
@@ -22,6 +27,7 @@ from guidedec.grammar.convert import (
     regex_for_xgrammar,
     structural_tag_to_xgrammar_arg,
 )
+from guidedec.grammar.disk_cache import DiskCompileCache
 from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,
@@ -169,30 +175,60 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         )
         self.cache: CompileCache[xgr.CompiledGrammar] = CompileCache(config.cache_limit_bytes)
         self._stop_token_ids = frozenset(config.tokenizer.stop_token_ids)
+        self.disk: DiskCompileCache | None = None
+        if config.compile_cache_dir is not None:
+            self.disk = DiskCompileCache(Path(config.compile_cache_dir), self._disk_context())
+
+    def _disk_context(self) -> str:
+        """What a compiled grammar depends on besides its guide (see the disk cache's key)."""
+        tokenizer = self.config.tokenizer
+        fingerprint = tokenizer.backend_object(
+            "xgrammar-fingerprint",
+            lambda: hashlib.sha256(
+                xgrammar_tokenizer_info(tokenizer).serialize_json().encode()
+            ).hexdigest(),
+        )
+        versions = f"guidedec {__version__}, xgrammar {importlib.metadata.version('xgrammar')}"
+        whitespace = self.config.json_whitespace_limit
+        return f"{versions}; tokenizer {fingerprint}; whitespace {whitespace}"
 
     def create(self, params: GuidedDecodingParams) -> XGrammarMatcher:
         compiled = self.compile(params)
         return XGrammarMatcher(xgr.GrammarMatcher(compiled), self._stop_token_ids)
 
     def compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
-        """The compiled grammar of ``params`` (cached)."""
+        """The compiled grammar of ``params`` (cached in memory, and on disk where configured)."""
         key = guide_cache_key(params)
         return self.cache.get_or_compile(
-            key, lambda: self._compile(params), lambda g: int(g.memory_size_bytes)
+            key, lambda: self._compile(params, key), lambda g: int(g.memory_size_bytes)
         )
 
-    def _compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
+    def _compile(self, params: GuidedDecodingParams, key: Hashable) -> xgr.CompiledGrammar:
         self.config.limits.check(params)
+        disk = self.disk
+        if disk is not None:
+            loaded = disk.load(key, self._deserialize)
+            if loaded is not None:
+                return loaded  # compiled (and probed) when it was stored
         if self.config.isolation is not None:
             self.config.isolation.probe(BACKEND, params, self.config)
+        start = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return self._compile_unchecked(params)
+                compiled = self._compile_unchecked(params)
         except GrammarError:
             raise
         except Exception as exc:  # xgrammar raises RuntimeError, ValueError and its own types
             raise GrammarError(_describe(params, exc), backend=BACKEND) from exc
+        elapsed = time.perf_counter() - start
+        if disk is not None and disk.worth_storing(elapsed, int(compiled.memory_size_bytes)):
+            disk.store(key, compiled.serialize_json())
+        return compiled
+
+    def _deserialize(self, text: str) -> xgr.CompiledGrammar:
+        info = xgrammar_tokenizer_info(self.config.tokenizer)
+        return xgr.CompiledGrammar.deserialize_json(text, info)
 
     def _compile_unchecked(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
         guide_type, guide = params.guide_type, params.guide

@@ -1,0 +1,133 @@
+"""Reading a compiled grammar from the disk cache against compiling it, on slow schemas.
+
+The candidates are the first ``--per-subset`` JSON schemas of every JSONSchemaBench subset of the
+shared data; each is compiled once with xgrammar (the default tokenizer, flexible whitespace)
+and the ``--top`` slowest are kept. For each of those, in the same run: a fresh compile (a new
+factory, nothing cached), the write of its entry, and the read back by a factory started
+afterwards (what a restarted server does), each the median of ``--repeat`` rounds; plus the
+entry's size on disk. Reported per schema and in total: compile ms, read ms, their ratio.
+
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_disk_cache.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from guidedec.bench.environment import environment
+from guidedec.bench.plots import write_report, write_summary
+from guidedec.grammar.cache import guide_cache_key
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.disk_cache import SUFFIX
+from guidedec.grammar.params import GuidedDecodingParams
+from guidedec.grammar.xgrammar_backend import XGrammarMatcherFactory
+from guidedec.tokenizer import TokenizerInfo
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jsonschemabench"
+
+
+def candidates(data: Path, per_subset: int) -> list[tuple[str, str]]:
+    out = []
+    for path in sorted(data.glob("*.jsonl")):
+        with path.open() as f:
+            for i, line in enumerate(f):
+                if i >= per_subset:
+                    break
+                out.append((f"{path.stem}/{i}", json.dumps(json.loads(line)["schema"])))
+    return out
+
+
+def _factory(tokenizer: TokenizerInfo, directory: str | None) -> XGrammarMatcherFactory:
+    config = GuidedDecodingConfig(
+        backend="xgrammar", tokenizer=tokenizer, compile_cache_dir=directory
+    )
+    factory = XGrammarMatcherFactory(config)
+    if factory.disk is not None:
+        factory.disk.min_compile_s = 0.0
+    return factory
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="JSONSchemaBench folder")
+    parser.add_argument("--per-subset", type=int, default=40)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    tokenizer = TokenizerInfo.default()
+    scan = _factory(tokenizer, None)
+    timed = []
+    for name, schema in candidates(args.data, args.per_subset):
+        start = time.perf_counter()
+        try:
+            scan._compile_unchecked(GuidedDecodingParams(json_schema=schema))
+        except Exception:  # refused by xgrammar: not a candidate
+            continue
+        timed.append((time.perf_counter() - start, name, schema))
+    timed.sort(reverse=True)
+    rows, records = [], []
+    for _, name, schema in timed[: args.top]:
+        params = GuidedDecodingParams(json_schema=schema)
+        compiles, writes, reads, size = [], [], [], 0
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            compiled = _factory(tokenizer, None).compile(params)
+            compiles.append(time.perf_counter() - start)
+            with tempfile.TemporaryDirectory() as directory:
+                writer = _factory(tokenizer, directory)
+                assert writer.disk is not None
+                start = time.perf_counter()
+                writer.disk.store(guide_cache_key(params), compiled.serialize_json())
+                writes.append(time.perf_counter() - start)
+                size = sum(p.stat().st_size for p in Path(directory).glob("*" + SUFFIX))
+                reader = _factory(tokenizer, directory)  # a restarted process
+                start = time.perf_counter()
+                reader.compile(params)
+                reads.append(time.perf_counter() - start)
+                assert reader.disk is not None and reader.disk.stats.hits == 1
+        compile_ms, read_ms = statistics.median(compiles) * 1e3, statistics.median(reads) * 1e3
+        write_ms = statistics.median(writes) * 1e3
+        records.append(
+            {
+                "schema": name,
+                "compile_ms": compile_ms,
+                "write_ms": write_ms,
+                "read_ms": read_ms,
+                "entry_bytes": size,
+            }
+        )
+        rows.append(
+            f"| {name} | {compile_ms:.0f} | {write_ms:.0f} | {read_ms:.0f} "
+            f"| {read_ms / compile_ms:.2f} | {size / 1e6:.1f} |"
+        )
+    total_compile = sum(r["compile_ms"] for r in records)
+    total_read = sum(r["read_ms"] for r in records)
+    faster = sum(r["read_ms"] < r["compile_ms"] for r in records)
+    text = "\n".join(
+        [
+            f"xgrammar, the {len(records)} slowest to compile of the first {args.per_subset} "
+            f"schemas of each JSONSchemaBench subset; median of {args.repeat} (write: serialize "
+            "and store the entry, once per guide; read: by a factory started afterwards)",
+            "",
+            "| schema | compile ms | write ms | read ms | read / compile | entry MB |",
+            "|---|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            f"total: compile {total_compile:.0f} ms, read {total_read:.0f} ms "
+            f"({total_read / total_compile:.2f}x); read faster for {faster} of {len(records)}",
+        ]
+    )
+    print(text)
+    if args.out is not None:
+        write_report(args.out, "bench_disk_cache", {"environment": environment(), "rows": records})
+        write_summary(args.out, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -61,7 +61,7 @@ def categories() -> dict[str, GuidedDecodingParams]:
             json_schema={"enum": [f"value {i}" for i in range(100_000)]}
         ),
         "memory: nested lark repetition": GuidedDecodingParams(lark="start: /((a{100}){100}){7}/"),
-        "slow masks: lark /(a{300}){300}/": GuidedDecodingParams(lark="start: /(a{300}){300}/"),
+        "slow masks: lark /(a{700}){700}/": GuidedDecodingParams(lark="start: /(a{700}){700}/"),
         "wrong value: integer minimum 2**63": GuidedDecodingParams(
             json_schema={"type": "integer", "minimum": 2**63, "maximum": 2**63 + 10}
         ),

@@ -163,3 +163,13 @@ def test_the_directory_keeps_to_its_budget(tmp_path: Path) -> None:
 def test_cli_takes_the_directory(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--compile-cache-dir", str(tmp_path)])
     assert args.compile_cache_dir == str(tmp_path)
+
+
+def test_a_factory_starts_whatever_the_tokenizer_has_built(tmp_path: Path) -> None:
+    """The fingerprint is built under the tokenizer's lock, which the xgrammar tokenizer info
+    takes too: a fresh tokenizer must not deadlock."""
+    fresh = TokenizerInfo.from_tokenizer_json(TokenizerInfo.default().hf_tokenizer.name_or_path)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (_factory(fresh, tmp_path), done.set()), daemon=True)
+    thread.start()
+    assert done.wait(60)

@@ -4,6 +4,7 @@ an error naming its problem, the healthy one is unchanged token for token."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.decoder import GuidedDecoder
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.testing import uniform_guided_generate
 from guidedec.tokenizer import TokenizerInfo
 
 HEALTHY = GuidedDecodingParams(
@@ -62,7 +66,7 @@ HOSTILE: dict[str, tuple[GuidedDecodingParams, str]] = {
     ),
     "deep": (GuidedDecodingParams(json_schema=_deep(400)), "max_depth"),
     "slow masks": (
-        GuidedDecodingParams(lark="start: /(a{300}){300}/"),
+        GuidedDecodingParams(lark="start: /(a{700}){700}/"),
         "mask_time_limit_ms",
     ),
     "negative length": (
@@ -113,9 +117,67 @@ def test_the_mask_time_limit_is_configurable_and_checked() -> None:
         GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), mask_time_limit_ms=0)
     engine = LLM("tiny-random", max_num_seqs=1, mask_time_limit_ms=None, isolate_compiles=False)
     try:
-        guide = GuidedDecodingParams(lark="start: /(a{300}){300}/")
+        guide = GuidedDecodingParams(lark="start: /(a{700}){700}/")
         out = engine.generate(["x"], [SamplingParams(max_tokens=3, guided_decoding=guide)])[0]
     finally:
         engine.close()
     assert out.finish_reason == "length" and len(out.token_ids) == 3  # slow, not refused
     assert set(out.text) == {"a"}
+
+
+class _SlowMatcher(GrammarMatcher):
+    """A real matcher whose fills sleep ``slow_s`` at the fill numbers in ``slow``."""
+
+    def __init__(self, inner: GrammarMatcher, slow: set[int], slow_s: float) -> None:
+        self.inner, self.slow, self.slow_s, self.fills = inner, slow, slow_s, 0
+        self.backend = inner.backend
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.inner.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        self.fills += 1
+        if self.fills in self.slow:
+            time.sleep(self.slow_s)
+        self.inner.fill_next_token_bitmask(bitmask, index)
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+
+class _SlowFactory(GrammarMatcherFactory):
+    def __init__(self, inner: GrammarMatcherFactory, slow: set[int]) -> None:
+        self.inner, self.slow = inner, slow
+        self.made: list[_SlowMatcher] = []
+
+    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        self.made.append(_SlowMatcher(self.inner.create(params), self.slow, 0.03))
+        return self.made[-1]
+
+
+@pytest.mark.parametrize(
+    ("slow", "fails"),
+    [
+        ({1, 2, 4, 5, 7, 8}, False),  # a slow first fill, then never three slow in a row
+        ({2, 3, 4}, True),  # three in a row after the first: the fourth fill fails it
+    ],
+)
+def test_masks_slow_three_times_in_a_row_fail_the_request(
+    tokenizer: TokenizerInfo, slow: set[int], fails: bool
+) -> None:
+    config = GuidedDecodingConfig(tokenizer=tokenizer, mask_time_limit_ms=20)
+    factory = _SlowFactory(create_grammar_matcher_factory(config), slow)
+    decoder = GuidedDecoder(
+        config=config, max_num_sequences=1, vocab_size=tokenizer.vocab_size, factory=factory
+    )
+    guide = GuidedDecodingParams(regex="[ab]{60}")
+    (out,) = uniform_guided_generate(decoder, [guide], max_tokens=60)
+    (matcher,) = factory.made
+    if fails:
+        assert out.error is not None and "mask_time_limit_ms" in out.error
+        assert matcher.fills == 4 and len(out.token_ids) == 3
+    else:
+        assert out.error is None and out.finished and matcher.fills > max(slow)

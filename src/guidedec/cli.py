@@ -193,7 +193,7 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         type=_non_negative_float,
         default=20.0,
         metavar="MS",
-        help="fail a guided request whose token masks take longer than MS on average "
+        help="fail a guided request whose token masks take longer than MS three times in a row "
         "(default: 20; 0: no limit)",
     )
     run.add_argument(

@@ -50,7 +50,7 @@ class TokenizerInfo:
             )
         self.stop_token_ids: tuple[int, ...] = self._resolve_stop_tokens(stop_token_ids)
         self._backend_objects: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a build may ask for another backend object
 
     def _resolve_stop_tokens(self, stop_token_ids: Sequence[int] | None) -> tuple[int, ...]:
         if stop_token_ids is None:
@@ -147,7 +147,7 @@ class TokenizerInfo:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a build may ask for another backend object
 
     def __repr__(self) -> str:
         name = getattr(self._hf, "name_or_path", "") or type(self._hf).__name__

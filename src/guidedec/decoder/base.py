@@ -33,8 +33,8 @@ from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
 Failure = tuple[int, str]
 DEAD_END = "reached a grammar state that allows no token (dead end)"
-MIN_TIMED_FILLS = 2
-"""Mask fills of a request before its mean fill time is held to ``mask_time_limit_ms``."""
+SLOW_FILLS = 3
+"""Fills in a row past ``mask_time_limit_ms`` (after a request's first) that fail it."""
 
 
 class RequestError(GuidedecError):
@@ -132,9 +132,10 @@ class BaseGuidedDecoder:
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
-        # Per slot: seconds and count of its request's mask fills (one row at a time only).
-        self._mask_s = [0.0] * max_num_sequences
+        # Per slot: its request's mask fills, and how many of the last ones were slow (timed
+        # where rows are filled one at a time).
         self._mask_fills = [0] * max_num_sequences
+        self._slow_fills = [0] * max_num_sequences
 
     @property
     def max_num_rows(self) -> int:
@@ -210,7 +211,7 @@ class BaseGuidedDecoder:
     def _create_matcher(self, req: GuidedRequest) -> None:
         assert req.guided_decoding_params is not None
         self.closer.forget(req.seq_slot)
-        self._mask_s[req.seq_slot], self._mask_fills[req.seq_slot] = 0.0, 0
+        self._mask_fills[req.seq_slot] = self._slow_fills[req.seq_slot] = 0
         self.grammar_matchers[req.seq_slot] = None
         self.grammar_matchers[req.seq_slot] = self.factory.create(req.guided_decoding_params)
 
@@ -445,20 +446,25 @@ class BaseGuidedDecoder:
     def _timed_fill(
         self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int
     ) -> None:
-        """Fill one row, and hold the request's mean fill time to ``mask_time_limit_ms``."""
+        """Fill one row; a request whose fills after its first take longer than
+        ``mask_time_limit_ms``, ``SLOW_FILLS`` times in a row, fails (one slow fill, a stall of
+        the machine, does not count against it)."""
         began = time.perf_counter()
         matcher.fill_next_token_bitmask(bitmask, row)
-        self._mask_s[slot] += time.perf_counter() - began
-        self._mask_fills[slot] += 1
+        took = time.perf_counter() - began
         limit = self._mask_limit_s
-        if limit is None or self._mask_fills[slot] < MIN_TIMED_FILLS:
+        if limit is None:
             return
-        mean = self._mask_s[slot] / self._mask_fills[slot]
-        if mean > limit:
+        fills = self._mask_fills[slot] = self._mask_fills[slot] + 1
+        if fills == 1 or took <= limit:  # the first fill may build what later ones reuse
+            self._slow_fills[slot] = 0
+            return
+        self._slow_fills[slot] += 1
+        if self._slow_fills[slot] >= SLOW_FILLS:
             raise RequestError(
-                f"this guide's token masks take {mean * 1e3:.0f} ms each, over the limit of "
-                f"{limit * 1e3:g} ms (GuidedDecodingConfig.mask_time_limit_ms): "
-                "it would slow every request of the batch"
+                f"this guide's token masks take over {limit * 1e3:g} ms each ({took * 1e3:.0f} ms "
+                f"the last, {SLOW_FILLS} in a row), past GuidedDecodingConfig.mask_time_limit_ms:"
+                " it would slow every request of the batch"
             )
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:

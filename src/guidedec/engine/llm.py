@@ -72,9 +72,9 @@ class LLM(EngineCore):
             :mod:`guidedec.grammar.limits`); a guide past one fails its request, naming it.
         compile_cache_dir: A directory that keeps xgrammar's compiled grammars across
             restarts, shared by processes (see :mod:`guidedec.grammar.disk_cache`).
-        mask_time_limit_ms: A request whose token masks take longer than this on average
-            ends with ``grammar_error`` (default 20 ms; real guides take microseconds; None: no
-            limit). See :class:`guidedec.grammar.config.GuidedDecodingConfig`.
+        mask_time_limit_ms: A request whose token masks take longer than this three times in a
+            row ends with ``grammar_error`` (default 20 ms; real guides take microseconds; None:
+            no limit). See :class:`guidedec.grammar.config.GuidedDecodingConfig`.
     """
 
     def __init__(

@@ -182,11 +182,10 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
     def _disk_context(self) -> str:
         """What a compiled grammar depends on besides its guide (see the disk cache's key)."""
         tokenizer = self.config.tokenizer
+        info = xgrammar_tokenizer_info(tokenizer)
         fingerprint = tokenizer.backend_object(
             "xgrammar-fingerprint",
-            lambda: hashlib.sha256(
-                xgrammar_tokenizer_info(tokenizer).serialize_json().encode()
-            ).hexdigest(),
+            lambda: hashlib.sha256(info.serialize_json().encode()).hexdigest(),
         )
         versions = f"guidedec {__version__}, xgrammar {importlib.metadata.version('xgrammar')}"
         whitespace = self.config.json_whitespace_limit

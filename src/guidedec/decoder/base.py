@@ -132,9 +132,8 @@ class BaseGuidedDecoder:
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
-        # Per slot: its request's mask fills, and how many of the last ones were slow (timed
-        # where rows are filled one at a time).
-        self._mask_fills = [0] * max_num_sequences
+        # Per slot: how many of its request's last mask fills were slow, -1 before its first
+        # (timed where rows are filled one at a time; see _slow_fill).
         self._slow_fills = [0] * max_num_sequences
 
     @property
@@ -211,7 +210,7 @@ class BaseGuidedDecoder:
     def _create_matcher(self, req: GuidedRequest) -> None:
         assert req.guided_decoding_params is not None
         self.closer.forget(req.seq_slot)
-        self._mask_fills[req.seq_slot] = self._slow_fills[req.seq_slot] = 0
+        self._slow_fills[req.seq_slot] = -1  # its first fill is not held against it
         self.grammar_matchers[req.seq_slot] = None
         self.grammar_matchers[req.seq_slot] = self.factory.create(req.guided_decoding_params)
 
@@ -253,6 +252,7 @@ class BaseGuidedDecoder:
         wave: list[_RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
+        limit, slow_fills, perf_counter = self._mask_limit_s, self._slow_fills, time.perf_counter
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
         for req, offset in zip(batch.requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
@@ -276,7 +276,11 @@ class BaseGuidedDecoder:
                 elif drafts:
                     self._fill_request(req, matcher, offset, drafts)
                 else:  # one row: what _fill_request does, inline
-                    self._timed_fill(matcher, bitmask, offset, slot)
+                    began = perf_counter()
+                    matcher.fill_next_token_bitmask(bitmask, offset)
+                    took = perf_counter() - began
+                    if limit is not None and (took > limit or slow_fills[slot]):
+                        self._slow_fill(slot, took)
                     if row_is_valid(offset):
                         token_mask[offset] = 1
                         self.num_guided_tokens[slot] = 1
@@ -420,8 +424,13 @@ class BaseGuidedDecoder:
         slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_np
         row_is_valid = self._row_is_valid
         guided = 0
+        limit, slow_fills, perf_counter = self._mask_limit_s, self._slow_fills, time.perf_counter
         for position in range(start, len(drafts) + 1):
-            self._timed_fill(matcher, bitmask, row, slot)
+            began = perf_counter()
+            matcher.fill_next_token_bitmask(bitmask, row)
+            took = perf_counter() - began
+            if limit is not None and (took > limit or slow_fills[slot]):
+                self._slow_fill(slot, took)
             if not row_is_valid(row):
                 if position > 0:
                     break
@@ -443,24 +452,18 @@ class BaseGuidedDecoder:
         self.num_guided_tokens[slot] += guided
         self.stats.rows_filled += self.num_guided_tokens[slot]
 
-    def _timed_fill(
-        self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int
-    ) -> None:
-        """Fill one row; a request whose fills after its first take longer than
-        ``mask_time_limit_ms``, ``SLOW_FILLS`` times in a row, fails (one slow fill, a stall of
-        the machine, does not count against it)."""
-        began = time.perf_counter()
-        matcher.fill_next_token_bitmask(bitmask, row)
-        took = time.perf_counter() - began
+    def _slow_fill(self, slot: int, took: float) -> None:
+        """Count a fill past ``mask_time_limit_ms`` (or the request's first, which may build
+        what later ones reuse, and is not held against it); ``SLOW_FILLS`` in a row fail the
+        request. One slow fill, a stall of the machine, does not."""
         limit = self._mask_limit_s
-        if limit is None:
-            return
-        fills = self._mask_fills[slot] = self._mask_fills[slot] + 1
-        if fills == 1 or took <= limit:  # the first fill may build what later ones reuse
+        assert limit is not None
+        slow = self._slow_fills[slot]
+        if slow < 0 or took <= limit:
             self._slow_fills[slot] = 0
             return
-        self._slow_fills[slot] += 1
-        if self._slow_fills[slot] >= SLOW_FILLS:
+        self._slow_fills[slot] = slow + 1
+        if slow + 1 >= SLOW_FILLS:
             raise RequestError(
                 f"this guide's token masks take over {limit * 1e3:g} ms each ({took * 1e3:.0f} ms "
                 f"the last, {SLOW_FILLS} in a row), past GuidedDecodingConfig.mask_time_limit_ms:"

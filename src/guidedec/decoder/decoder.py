@@ -73,6 +73,25 @@ class GuidedDecoder(BaseGuidedDecoder):
         counts = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")
         return self._rollback_rejected(batch.requests, counts)
 
+    def forced_tokens(self, seq_slot: int, new_token: int, max_tokens: int) -> list[int]:
+        """The tokens the slot's grammar forces after ``new_token`` (jump-forward drafts), at
+        most ``max_tokens``; the matcher is left at its state. Call after
+        :meth:`rollback_rejected_batch` (the matcher holds the accepted prefix, ``new_token``
+        not yet fed); [] where the slot has no matcher, rejects ``new_token`` or ends with it."""
+        matcher = self.grammar_matchers[seq_slot]
+        if matcher is None or max_tokens <= 0 or matcher.is_terminated():
+            return []
+        if not matcher.accept_token(new_token):
+            return []
+        try:
+            if matcher.is_terminated():
+                return []
+            return matcher.forced_tokens()[:max_tokens]
+        except REQUEST_ERRORS:  # a backend failure here costs the drafts only
+            return []
+        finally:
+            matcher.rollback(1)
+
     def rollback_draft_tokens(self) -> list[Failure]:
         """Undo everything the drafting loop advanced and reset its state.
 

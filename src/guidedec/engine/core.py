@@ -54,14 +54,18 @@ from guidedec.engine.sampling import (
     verify_rejection,
 )
 from guidedec.engine.scheduler import Scheduled, Scheduler
-from guidedec.engine.speculative import DraftModelSpeculator, NgramSpeculator
+from guidedec.engine.speculative import (
+    DraftModelSpeculator,
+    JumpForwardSpeculator,
+    NgramSpeculator,
+)
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
 from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 
-Speculator = NgramSpeculator | DraftModelSpeculator
+Speculator = NgramSpeculator | DraftModelSpeculator | JumpForwardSpeculator
 
 
 class EngineCore:
@@ -427,6 +431,9 @@ class EngineCore:
         start = time.perf_counter()
         failures = dict(self.speculator.propose(batch, decoder))
         self.stats.draft_s += time.perf_counter() - start
+        if isinstance(self.speculator, JumpForwardSpeculator):
+            self.stats.forced_draft_tokens = self.speculator.proposed
+            self.stats.accepted_forced_tokens = self.speculator.accepted
         return failures
 
     def _collect_finished(self, batch: list[Scheduled], failures: dict[int, str]) -> list[Request]:

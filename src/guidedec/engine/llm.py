@@ -22,6 +22,7 @@ from guidedec.engine.request import RequestOutput
 from guidedec.engine.sampling import SamplingParams
 from guidedec.engine.speculative import (
     DraftModelSpeculator,
+    JumpForwardSpeculator,
     NgramSpeculator,
     parse_speculative,
 )
@@ -44,7 +45,12 @@ class LLM(EngineCore):
         max_num_tokens: Tokens one step may feed (prompt chunks plus generation tokens); longer
             prompts are prefilled in chunks. Default: ``max(2048, max_num_seqs * (1 + k))``.
         speculative: ``None``, ``"ngram"`` (prompt lookup) or ``"draft:<model>"``.
-        num_draft_tokens: Draft tokens per step ``k`` when speculating.
+        num_draft_tokens: Draft tokens per step ``k`` when speculating (or jumping forward).
+        jump_forward: Propose the tokens a guided request's grammar forces next as draft tokens,
+            verified with the new token in one forward (see
+            :class:`guidedec.engine.speculative.JumpForwardSpeculator`); outputs are unchanged
+            (greedy: token for token). With ``speculative="ngram"`` the n-gram drafts follow
+            the forced ones; not with a draft model. Off by default.
         device, dtype: Where and in which precision the model runs (default CPU, float32).
         seed: Seed of the ``tiny-random`` weights.
         compile_timeout_s: A guide that takes longer to compile fails its request.
@@ -100,11 +106,16 @@ class LLM(EngineCore):
         guide_limits: GuideLimits | None = None,
         mask_time_limit_ms: float | None = 20.0,
         compile_cache_dir: str | os.PathLike[str] | None = None,
+        jump_forward: bool = False,
     ) -> None:
         spec = parse_speculative(speculative)
-        if spec and num_draft_tokens < 1:
+        if jump_forward and spec is not None and spec[0] != "ngram":
+            raise ValueError(
+                "jump_forward works alone or with speculative='ngram', not a draft model"
+            )
+        if (spec or jump_forward) and num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        k = num_draft_tokens if spec else 0
+        k = num_draft_tokens if spec or jump_forward else 0
         budget = _token_budget(max_num_tokens, max_num_seqs, k)
         loaded = load_model(model, device=device, dtype=dtype, seed=seed)
         loaded = _with_max_len(loaded, max_model_len)
@@ -131,7 +142,7 @@ class LLM(EngineCore):
             max_num_seqs=max_num_seqs,
             max_num_tokens=budget,
             num_draft_tokens=k,
-            speculator=_make_speculator(spec, loaded, max_num_seqs, k, seed),
+            speculator=_make_speculator(spec, loaded, max_num_seqs, k, seed, jump_forward),
             compile_timeout_s=compile_timeout_s,
             overlap=overlap,
             cuda_graphs=cuda_graphs,
@@ -223,7 +234,10 @@ def _make_speculator(
     max_num_seqs: int,
     k: int,
     seed: int,
+    jump_forward: bool = False,
 ) -> Speculator | None:
+    if jump_forward:
+        return JumpForwardSpeculator(k, target.max_model_len, ngram=spec is not None)
     if spec is None:
         return None
     if spec[0] == "ngram":

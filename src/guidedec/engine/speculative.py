@@ -81,6 +81,52 @@ class NgramSpeculator:
         """Nothing is kept per slot."""
 
 
+class JumpForwardSpeculator:
+    """Jump-forward as drafts: the tokens a guided request's grammar forces next (its keys, its
+    ``":"``, the rest of an enum value) are proposed as draft tokens and verified by the target
+    in the same forward as the new token, so greedy outputs stay exactly greedy and sampled ones
+    keep the target's distribution (see :meth:`GuidedDecoder.forced_tokens`). With
+    ``ngram=True`` the n-gram drafter proposes after the forced tokens, up to the budget."""
+
+    def __init__(self, num_draft_tokens: int, max_model_len: int, *, ngram: bool = False) -> None:
+        self.num_draft_tokens, self.max_model_len = num_draft_tokens, max_model_len
+        self.drafter = NgramDrafter() if ngram else None
+        self.proposed = 0  # forced tokens proposed
+        self.accepted = 0  # of them, accepted by verification
+        self._forced: dict[int, int] = {}  # request id -> forced tokens of its last proposal
+
+    def propose(self, batch: Sequence[Scheduled], decoder: GuidedDecoder | None) -> list[Failure]:
+        failures: list[Failure] = []
+        if decoder is not None:
+            counts = [1 + s.request.num_accepted_drafts for s in batch]
+            failures = decoder.rollback_rejected_batch(counts)
+        failed = {request_id for request_id, _ in failures}
+        for s in batch:
+            req = s.request
+            forced_before = self._forced.pop(req.request_id, 0)
+            self.accepted += min(forced_before, req.num_accepted_drafts)
+            req.draft_tokens, req.draft_probs = [], None
+            if not wants_drafts(s) or req.request_id in failed:
+                continue
+            k = draft_budget(req, self.num_draft_tokens, self.max_model_len, decoder)
+            forced: list[int] = []
+            guided = req.params.guided_decoding is not None and req.output_token_ids
+            if k and decoder is not None and guided and req.slot is not None:
+                forced = decoder.forced_tokens(req.slot, req.output_token_ids[-1], k)
+            drafts = forced
+            if self.drafter is not None and len(drafts) < k:
+                more = self.drafter.propose([*req.all_token_ids, *drafts], k - len(drafts))
+                drafts = [*drafts, *more]
+            req.draft_tokens = drafts
+            if forced:
+                self._forced[req.request_id] = len(forced)
+                self.proposed += len(forced)
+        return failures
+
+    def free(self, slot: int) -> None:
+        """Nothing is kept per slot."""
+
+
 class DraftModelSpeculator:
     """A smaller model proposes ``num_draft_tokens`` tokens per step under the same grammar.
 

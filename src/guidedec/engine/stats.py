@@ -37,4 +37,6 @@ class EngineStats:
     generated_tokens: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    forced_draft_tokens: int = 0  # drafts jump-forward proposed (tokens the grammar forced)
+    accepted_forced_tokens: int = 0  # of them, accepted by verification
     invalid_outputs: int = 0  # complete outputs that broke their JSON schema (grammar_error)

@@ -109,6 +109,15 @@ class LLGuidanceMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return self._terminated
 
+    def forced_tokens(self) -> list[int]:
+        """llguidance's fast-forward tokens (canonically tokenized; it leaves out a last token
+        that could merge with what follows)."""
+        if self._terminated or self._matcher.is_stopped():
+            return []
+        tokens = [int(t) for t in self._matcher.compute_ff_tokens()]
+        self._check_error()
+        return tokens[: _first_stop(tokens, self._stop_token_ids)]
+
     def _check_error(self) -> None:
         if self._matcher.is_error():
             raise MatcherError(f"llguidance matcher error: {self._matcher.get_error()}")
@@ -282,3 +291,8 @@ def _json_options(config: GuidedDecodingConfig) -> Any:
         "whitespace_flexible": True,
         "whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{0,{limit}}}",
     }
+
+
+def _first_stop(tokens: list[int], stop_token_ids: frozenset[int]) -> int:
+    """The index of the first stop token in ``tokens`` (their length when none)."""
+    return next((i for i, t in enumerate(tokens) if t in stop_token_ids), len(tokens))

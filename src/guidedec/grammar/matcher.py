@@ -42,6 +42,12 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """Whether a stop token has been accepted (the output is complete)."""
 
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next from the current state (jump-forward), each accepted
+        in turn, the state unchanged; [] where nothing is forced or the backend cannot say.
+        What follows the forced text may merge with its last token, so that one is left out."""
+        return []
+
     # The batch operation: a backend that can fill many rows at once (on its own threads)
     # overrides it; the default fills them one by one.
     parallel_fill = False

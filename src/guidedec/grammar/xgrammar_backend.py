@@ -11,7 +11,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 import torch
@@ -52,9 +52,15 @@ class XGrammarMatcher(GrammarMatcher):
 
     backend = BACKEND
 
-    def __init__(self, matcher: xgr.GrammarMatcher, stop_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        matcher: xgr.GrammarMatcher,
+        stop_token_ids: frozenset[int],
+        encode: Callable[[str], list[int]] | None = None,
+    ) -> None:
         self._matcher = matcher
         self._stop_token_ids = stop_token_ids
+        self._encode = encode  # the tokenizer, for forced_tokens
         self._num_accepted = 0
         self._terminated = False
         self._checked_bitmask: torch.Tensor | None = None  # the last bitmask found well-formed
@@ -93,6 +99,24 @@ class XGrammarMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         return self._terminated
+
+    def forced_tokens(self) -> list[int]:
+        """xgrammar's jump-forward string, encoded; the tokens up to the first the matcher
+        rejects (a split the grammar does not take), without the last (it may merge with what
+        follows)."""
+        if self._terminated or self._encode is None:
+            return []
+        text = self._matcher.find_jump_forward_string()
+        if not text:
+            return []
+        tokens = self._encode(text)[:-1]
+        accepted = 0
+        for token in tokens:
+            if not self.accept_token(token) or self._terminated:
+                break
+            accepted += 1
+        self.rollback(accepted + self._terminated)
+        return tokens[:accepted]
 
     parallel_fill = True
 
@@ -193,7 +217,9 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
 
     def create(self, params: GuidedDecodingParams) -> XGrammarMatcher:
         compiled = self.compile(params)
-        return XGrammarMatcher(xgr.GrammarMatcher(compiled), self._stop_token_ids)
+        return XGrammarMatcher(
+            xgr.GrammarMatcher(compiled), self._stop_token_ids, self.config.tokenizer.encode
+        )
 
     def compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
         """The compiled grammar of ``params`` (cached in memory, and on disk where configured)."""

@@ -253,3 +253,16 @@ def test_summary_names_how_auto_fills_the_batch(capsys: pytest.CaptureFixture[st
     status, _, err = run_cli(capsys, *argv, *guide, "a", "b", "c", "d")
     assert status == 0, err
     assert re.search(r"fills: llguidance 4\+ (parallel|sequential|measuring)", err), err
+
+
+def test_jump_forward_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same text with and without ``--jump-forward``; the summary counts the forced
+    tokens."""
+    guide = ["generate", "--choice", "international shipping please", "domestic pickup"]
+    argv = ["--backend", "llguidance", "--max-tokens", "120", "--jsonl"]
+    status, plain, err = run_cli(capsys, *guide, *argv, "Ship:")
+    assert status == 0, err
+    status, jumped, err = run_cli(capsys, *guide, *argv, "--jump-forward", "Ship:")
+    assert status == 0, err
+    assert json.loads(jumped)["text"] == json.loads(plain)["text"]
+    assert re.search(r"jump-forward: [1-9]\d* of [1-9]\d* forced tokens accepted", err), err

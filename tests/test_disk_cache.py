@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from guidedec.bitmask import allocate_bitmask
 from guidedec.cli import build_parser
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.disk_cache import SUFFIX, DiskCompileCache
+from guidedec.grammar.disk_cache import MAX_PENDING, SUFFIX, DiskCompileCache
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.xgrammar_backend import XGrammarMatcherFactory
 from guidedec.tokenizer import TokenizerInfo
@@ -49,8 +50,11 @@ def _factory(
 
 
 def _masks(factory: XGrammarMatcherFactory, tokenizer: TokenizerInfo) -> list[torch.Tensor]:
-    """The masks along the instance's tokens, then the stop token's acceptance."""
+    """The masks along the instance's tokens, then the stop token's acceptance (the entry
+    written, if the factory writes one)."""
     matcher = factory.create(GUIDE)
+    if factory.disk is not None:
+        factory.disk.flush()
     rows = allocate_bitmask(1, tokenizer.vocab_size)
     masks = []
     for token in [*tokenizer.encode(INSTANCE), tokenizer.eos_token_id]:
@@ -124,6 +128,7 @@ def test_other_compile_options_do_not_share_an_entry(
     compact = _factory(tokenizer, tmp_path, json_whitespace="compact")
     compact.create(GUIDE)
     assert compact.disk is not None
+    compact.disk.flush()
     assert (compact.disk.stats.hits, compact.disk.stats.misses) == (0, 1)
     assert len(_entries(tmp_path)) == 2
 
@@ -173,3 +178,29 @@ def test_a_factory_starts_whatever_the_tokenizer_has_built(tmp_path: Path) -> No
     thread = threading.Thread(target=lambda: (_factory(fresh, tmp_path), done.set()), daemon=True)
     thread.start()
     assert done.wait(60)
+
+
+def test_writes_wait_on_their_own_thread(tmp_path: Path) -> None:
+    """A request does not wait for its grammar's entry to be written; past the queue's bound
+    writes are dropped, and a failing serialization keeps nothing."""
+    cache = DiskCompileCache(tmp_path, "context")
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(10)
+        return "payload"
+
+    start = time.monotonic()
+    for i in range(MAX_PENDING + 2):
+        cache.store_later(("regex", f"r{i}"), slow)
+    assert time.monotonic() - start < 1.0
+    release.set()
+    cache.flush()
+    assert cache.stats.stores == MAX_PENDING and len(_entries(tmp_path)) == MAX_PENDING
+    assert cache.load(("regex", "r0"), lambda text: text) == "payload"
+    cache.store_later(("regex", "bad"), lambda: str(1 / 0))
+    cache.flush()
+    assert cache.stats.stores == MAX_PENDING and len(_entries(tmp_path)) == MAX_PENDING
+    cache.store_later(("regex", "after"), lambda: "later")  # the queue is free again
+    cache.flush()
+    assert cache.load(("regex", "after"), lambda text: text) == "later"

@@ -154,6 +154,12 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         "--num-draft-tokens", type=_int_at_least(1), default=4, metavar="K", help="per step"
     )
     run.add_argument(
+        "--jump-forward",
+        action="store_true",
+        help="propose the tokens a guide forces as draft tokens, verified in one forward "
+        "(outputs unchanged)",
+    )
+    run.add_argument(
         "--max-num-seqs", type=_int_at_least(1), default=8, metavar="N", help="batch size"
     )
     run.add_argument(

@@ -122,6 +122,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             max_model_len=getattr(args, "max_model_len", None),
             mask_time_limit_ms=_mask_time_limit(getattr(args, "mask_time_limit_ms", 20.0)),
             compile_cache_dir=getattr(args, "compile_cache_dir", None),
+            jump_forward=getattr(args, "jump_forward", False),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc
@@ -242,6 +243,12 @@ def summary(llm: LLM, result: RunResult) -> str:
     ]
     if llm.num_draft_tokens:
         parts.append(_acceptance(llm.stats.accepted_draft_tokens, llm.stats.draft_tokens))
+    stats = llm.stats
+    if stats.forced_draft_tokens:
+        parts.append(
+            f"jump-forward: {stats.accepted_forced_tokens} of {stats.forced_draft_tokens} forced "
+            f"tokens accepted, {stats.steps} steps"
+        )
     return "; ".join(parts)
 
 

@@ -93,7 +93,7 @@ class JumpForwardSpeculator:
         self.drafter = NgramDrafter() if ngram else None
         self.proposed = 0  # forced tokens proposed
         self.accepted = 0  # of them, accepted by verification
-        self._forced: dict[int, int] = {}  # request id -> forced tokens of its last proposal
+        self._forced: dict[int, int] = {}  # slot -> forced tokens of its last proposal
 
     def propose(self, batch: Sequence[Scheduled], decoder: GuidedDecoder | None) -> list[Failure]:
         failures: list[Failure] = []
@@ -103,8 +103,9 @@ class JumpForwardSpeculator:
         failed = {request_id for request_id, _ in failures}
         for s in batch:
             req = s.request
-            forced_before = self._forced.pop(req.request_id, 0)
-            self.accepted += min(forced_before, req.num_accepted_drafts)
+            if req.slot is not None:
+                forced_before = self._forced.pop(req.slot, 0)
+                self.accepted += min(forced_before, req.num_accepted_drafts)
             req.draft_tokens, req.draft_probs = [], None
             if not wants_drafts(s) or req.request_id in failed:
                 continue
@@ -118,13 +119,14 @@ class JumpForwardSpeculator:
                 more = self.drafter.propose([*req.all_token_ids, *drafts], k - len(drafts))
                 drafts = [*drafts, *more]
             req.draft_tokens = drafts
-            if forced:
-                self._forced[req.request_id] = len(forced)
+            if forced and req.slot is not None:
+                self._forced[req.slot] = len(forced)
                 self.proposed += len(forced)
         return failures
 
     def free(self, slot: int) -> None:
-        """Nothing is kept per slot."""
+        """The slot's request ended: its last proposal is not verified."""
+        self._forced.pop(slot, None)
 
 
 class DraftModelSpeculator:

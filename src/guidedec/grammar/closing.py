@@ -320,12 +320,13 @@ class CompletionSearch:
     def _probe(self, matcher: GrammarMatcher, limit: int) -> list[int] | None:
         """A completion found by trying tokens (accept, roll back) instead of reading masks: at
         each state a stop token if one is accepted, else the first accepted of the probe's
-        candidates (one-character closers, separators, digits and openers, then the guide's
-        words, then the other printable characters: see ``ClosingVocab.singles``). The text is
-        encoded again (``"`` ``,`` ``"`` ``a`` becomes ``",`` ``"a``) where the grammar accepts
-        that. None where a state accepts no candidate, past ``PROBE_TRIES`` tries per token of
-        ``limit`` (a cycle), or when the completion does not fit ``limit``: the search then
-        reads masks. The matcher is left in its state."""
+        ``PROBE_CANDIDATES`` candidates (the one-character closers, separators, openers and
+        ``0`` of ``PROBE_FIRST``, then the guide's words); a state that accepts none of them
+        has its mask read and takes its first preferred token. The text is then encoded again
+        (``"`` ``,`` ``"`` ``a`` becomes ``",`` ``"a``) where the grammar accepts that. None at
+        a state that allows no candidate, past ``PROBE_TRIES`` tries per token of ``limit`` (a
+        cycle) or ``limit`` mask reads, or when the completion does not fit ``limit``: the
+        search proper runs then. The matcher is left in its state."""
         candidates = self._order[5][:PROBE_CANDIDATES]
         stops = self.vocab.stop_token_ids
         path: list[int] = []
@@ -347,6 +348,8 @@ class CompletionSearch:
                         path.append(token)
                         break
                 else:  # a rarer token (inside a key, a pattern): read the state's mask
+                    if self.nodes >= limit:
+                        break  # masks at most at `limit` states: the search proper is bounded
                     self.nodes += 1
                     matcher.fill_next_token_bitmask(self._rows, 0)
                     preferred = self._preferred(self._rows[0].numpy())

@@ -14,6 +14,8 @@ directory that several server processes may share:
   format and its payload's length; a file whose header does not match (another version,
   another tokenizer, a truncated write, a stranger's file) or that xgrammar refuses to read is
   ignored, the guide is compiled, and the entry written again.
+- **Writes happen on a thread of their own** (:meth:`DiskCompileCache.store_later`): writing a
+  large grammar takes seconds, and the request that compiled it does not wait for them.
 - **What is kept**: only compiles that took at least ``min_compile_s`` (a fast compile is
   cheaper than a read) and whose entry would hold at most ``max_entry_bytes`` (estimated from
   the grammar's memory before it is serialized); the directory is
@@ -35,6 +37,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -48,6 +51,8 @@ SERIALIZED_PER_BYTE = 12
 """xgrammar's JSON of a compiled grammar over its ``memory_size_bytes`` (measured: 185 MB of JSON
 for a 16 MB Kubernetes grammar): the serialization is estimated before it is made."""
 T = TypeVar("T")
+MAX_PENDING = 4
+"""Writes waiting for the writer thread, at most (each holds a compiled grammar)."""
 
 
 @dataclass(slots=True)
@@ -77,6 +82,8 @@ class DiskCompileCache:
         self.directory = Path(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending = 0
 
     def key(self, guide_key: Hashable) -> str:
         """The entry's key for a guide (hex SHA-256)."""
@@ -119,6 +126,35 @@ class DiskCompileCache:
         (its entry, about ``SERIALIZED_PER_BYTE`` times that, within ``max_entry_bytes``)."""
         entry = size_bytes * SERIALIZED_PER_BYTE
         return compile_s >= self.min_compile_s and entry <= self.max_entry_bytes
+
+    def store_later(self, guide_key: Hashable, serialize: Callable[[], str]) -> None:
+        """Serialize and store on the cache's writer thread (xgrammar releases the GIL while it
+        serializes; a large grammar takes seconds, which no request should wait for). At most
+        ``MAX_PENDING`` writes wait; more are dropped (the guide is compiled again next time)."""
+        with self._lock:
+            if self._pending >= MAX_PENDING:
+                return
+            self._pending += 1
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="guidedec-disk-cache")
+            writer = self._writer
+        writer.submit(self._write, guide_key, serialize)
+
+    def flush(self) -> None:
+        """Wait for the writes :meth:`store_later` queued."""
+        with self._lock:
+            writer = self._writer
+        if writer is not None:
+            writer.submit(lambda: None).result()
+
+    def _write(self, guide_key: Hashable, serialize: Callable[[], str]) -> None:
+        try:
+            self.store(guide_key, serialize())
+        except Exception as exc:  # a backend failing to serialize: nothing is kept
+            logger.warning("cannot serialize a compiled grammar for the disk cache: %s", exc)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
     def store(self, guide_key: Hashable, payload: str) -> None:
         """Write the guide's entry atomically, then hold the directory to ``limit_bytes``."""

@@ -248,7 +248,7 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
             raise GrammarError(_describe(params, exc), backend=BACKEND) from exc
         elapsed = time.perf_counter() - start
         if disk is not None and disk.worth_storing(elapsed, int(compiled.memory_size_bytes)):
-            disk.store(key, compiled.serialize_json())
+            disk.store_later(key, compiled.serialize_json)
         return compiled
 
     def _deserialize(self, text: str) -> xgr.CompiledGrammar:

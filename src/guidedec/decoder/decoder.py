@@ -81,16 +81,23 @@ class GuidedDecoder(BaseGuidedDecoder):
         matcher = self.grammar_matchers[seq_slot]
         if matcher is None or max_tokens <= 0 or matcher.is_terminated():
             return []
-        if not matcher.accept_token(new_token):
-            return []
+        forced: list[int] = []
         try:
-            if matcher.is_terminated():
+            if not matcher.accept_token(new_token):
                 return []
-            return matcher.forced_tokens()[:max_tokens]
         except REQUEST_ERRORS:  # a backend failure here costs the drafts only
             return []
-        finally:
+        try:
+            if not matcher.is_terminated():
+                forced = matcher.forced_tokens()[:max_tokens]
+        except REQUEST_ERRORS:
+            forced = []
+        try:
             matcher.rollback(1)
+        except REQUEST_ERRORS:  # the state is lost: the request fails at its next build
+            self.grammar_matchers[seq_slot] = None
+            return []
+        return forced
 
     def rollback_draft_tokens(self) -> list[Failure]:
         """Undo everything the drafting loop advanced and reset its state.

@@ -133,8 +133,9 @@ class BaseGuidedDecoder:
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
         # Per slot: how many of its request's last mask fills were slow, -1 before its first
-        # (timed where rows are filled one at a time; see _slow_fill).
+        # (timed where rows are filled one at a time, after a slow build; see _timed_fill).
         self._slow_fills = [0] * max_num_sequences
+        self._time_fills = False
 
     @property
     def max_num_rows(self) -> int:
@@ -233,6 +234,15 @@ class BaseGuidedDecoder:
         stats = self.stats
         stats.build_s = time.perf_counter() - start
         stats.steps += 1
+        # Fills are timed one by one only after a build slower than the mask-time limit (a
+        # build of fast masks pays nothing for the limit).
+        timing = self._mask_limit_s is not None and stats.build_s > self._mask_limit_s
+        if timing and not self._time_fills:  # the requests of this build have had a fill
+            for req in batch.requests:
+                self._slow_fills[req.seq_slot] = max(self._slow_fills[req.seq_slot], 0)
+        elif self._time_fills and not timing:
+            self._slow_fills = [min(count, 0) for count in self._slow_fills]  # none in a row
+        self._time_fills = timing
         stats.failures += len(failures)
         return failures
 
@@ -252,7 +262,7 @@ class BaseGuidedDecoder:
         wave: list[_RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
-        limit, slow_fills, perf_counter = self._mask_limit_s, self._slow_fills, time.perf_counter
+        timed = self._time_fills
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
         for req, offset in zip(batch.requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
@@ -276,11 +286,10 @@ class BaseGuidedDecoder:
                 elif drafts:
                     self._fill_request(req, matcher, offset, drafts)
                 else:  # one row: what _fill_request does, inline
-                    began = perf_counter()
-                    matcher.fill_next_token_bitmask(bitmask, offset)
-                    took = perf_counter() - began
-                    if limit is not None and (took > limit or slow_fills[slot]):
-                        self._slow_fill(slot, took)
+                    if timed:
+                        self._timed_fill(matcher, bitmask, offset, slot)
+                    else:
+                        matcher.fill_next_token_bitmask(bitmask, offset)
                     if row_is_valid(offset):
                         token_mask[offset] = 1
                         self.num_guided_tokens[slot] = 1
@@ -424,13 +433,12 @@ class BaseGuidedDecoder:
         slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_np
         row_is_valid = self._row_is_valid
         guided = 0
-        limit, slow_fills, perf_counter = self._mask_limit_s, self._slow_fills, time.perf_counter
+        timed = self._time_fills
         for position in range(start, len(drafts) + 1):
-            began = perf_counter()
-            matcher.fill_next_token_bitmask(bitmask, row)
-            took = perf_counter() - began
-            if limit is not None and (took > limit or slow_fills[slot]):
-                self._slow_fill(slot, took)
+            if timed:
+                self._timed_fill(matcher, bitmask, row, slot)
+            else:
+                matcher.fill_next_token_bitmask(bitmask, row)
             if not row_is_valid(row):
                 if position > 0:
                     break
@@ -452,10 +460,15 @@ class BaseGuidedDecoder:
         self.num_guided_tokens[slot] += guided
         self.stats.rows_filled += self.num_guided_tokens[slot]
 
-    def _slow_fill(self, slot: int, took: float) -> None:
-        """Count a fill past ``mask_time_limit_ms`` (or the request's first, which may build
-        what later ones reuse, and is not held against it); ``SLOW_FILLS`` in a row fail the
-        request. One slow fill, a stall of the machine, does not."""
+    def _timed_fill(
+        self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int
+    ) -> None:
+        """Fill one row, timed: a fill past ``mask_time_limit_ms`` counts against its request
+        (its first fill excepted: it may build what later ones reuse); ``SLOW_FILLS`` in a row
+        fail it. One slow fill, a stall of the machine, does not."""
+        began = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask, row)
+        took = time.perf_counter() - began
         limit = self._mask_limit_s
         assert limit is not None
         slow = self._slow_fills[slot]

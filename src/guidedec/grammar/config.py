@@ -59,9 +59,10 @@ class GuidedDecodingConfig:
             row, after its first, ends with ``grammar_error``: a guide whose masks cost tens of
             milliseconds (the Lark regex ``/(a{700}){700}/``) would hold every request of the
             batch at that pace. Masks of real guides take microseconds (4.6 ms on average for
-            the slowest schema of the shared data). Timed where a batch's rows are filled one
-            at a time (fewer than four guided rows, or ``fill_mode="sequential"``). None: no
-            limit.
+            the slowest schema of the shared data). Fills are timed one by one after a build
+            slower than the limit (a build of fast masks pays nothing), where a batch's rows
+            are filled one at a time (fewer than four guided rows, or
+            ``fill_mode="sequential"``). None: no limit.
     """
 
     backend: BackendName = "auto"

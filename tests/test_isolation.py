@@ -188,3 +188,18 @@ def test_a_script_without_a_main_guard(tmp_path: Any) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["top", "level", "ran", "compiled"]
+
+
+def test_the_cache_counts_what_an_llguidance_guide_holds(isolation: CompileIsolation) -> None:
+    """llguidance reports no size; the probe worker measures the heap the compiled guide and
+    its first mask took, and the compile cache counts that instead of an estimate from the
+    grammar's 60 characters."""
+    guide = GuidedDecodingParams(lark="start: /((a{100}){100}){7}/")
+    factory = _factory("llguidance", isolation)
+    report = isolation.probe("llguidance", guide, factory.config)
+    assert report.heap_bytes is not None and report.heap_bytes > 10_000_000
+    factory.create(guide)
+    assert factory.cache.stats().size_bytes >= report.heap_bytes // 2
+    unmeasured = _factory("llguidance", None)  # type: ignore[arg-type]
+    unmeasured.create(guide)
+    assert unmeasured.cache.stats().size_bytes < 1_000_000

@@ -25,6 +25,8 @@ longer than its deadline fails like one that runs too long.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import multiprocessing as mp
 import os
 import resource
@@ -78,8 +80,11 @@ class CompileIsolation:
 
     def probe(
         self, backend: str, params: GuidedDecodingParams, config: GuidedDecodingConfig
-    ) -> None:
+    ) -> ProbeReport:
         """Compile ``params`` with ``backend`` in a worker and fill its first mask.
+
+        Returns:
+            What the worker measured: the seconds, and the heap the compiled guide held.
 
         Raises:
             GrammarError: the backend refused the guide, crashed on it, or passed the deadline.
@@ -88,7 +93,7 @@ class CompileIsolation:
             if self._pool is None:
                 self._pool = _Pool(self, config)
             pool = self._pool
-        pool.probe(backend, params, config)
+        return pool.probe(backend, params, config)
 
     def start(self, config: GuidedDecodingConfig) -> None:
         """Start the fork server and one worker now (else at the first probe)."""
@@ -155,7 +160,7 @@ class _Pool:
 
     def probe(
         self, backend: str, params: GuidedDecodingParams, config: GuidedDecodingConfig
-    ) -> None:
+    ) -> ProbeReport:
         timeout = self.isolation.timeout_s
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -169,7 +174,7 @@ class _Pool:
             if not self._slots.acquire(timeout=timeout):
                 raise _timed_out(backend, timeout, "waiting for a compile worker")
             try:
-                self._run(backend, params, _options(config), deadline)
+                return self._run(backend, params, _options(config), deadline)
             finally:
                 self._slots.release()
         finally:
@@ -182,7 +187,7 @@ class _Pool:
         params: GuidedDecodingParams,
         options: GuidedDecodingConfig,
         deadline: float,
-    ) -> None:
+    ) -> ProbeReport:
         worker = self._take()
         try:
             worker.conn.send((backend, params, options))
@@ -201,14 +206,16 @@ class _Pool:
             self._idle.append(worker)
         if kind == "error":
             raise GrammarError(message)
+        seconds, held = (float(part) for part in message.split())
         # The caller compiles the guide again, in about the time the worker took: past the
         # deadline, that compile could not be stopped.
-        if time.monotonic() + float(message) > deadline:
+        if time.monotonic() + seconds > deadline:
             raise GrammarError(
                 f"grammar compilation would pass {self.isolation.timeout_s:g} s: the guide took "
-                f"{float(message):.1f} s to compile in a worker, and compiles once more here",
+                f"{seconds:.1f} s to compile in a worker, and compiles once more here",
                 backend=backend,
             )
+        return ProbeReport(seconds, None if held < 0 else int(held))
 
     def _take(self) -> _Worker:
         with self._lock:
@@ -308,13 +315,63 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
                 config = replace(options, tokenizer=tokenizer, compile_cache_dir=None)
                 factory = build_backend_factory(backend, config)
                 factories.append((backend, options, factory))
-            start = time.monotonic()
+            before, start = heap_in_use(), time.monotonic()
             matcher = factory.create(params)
             matcher.fill_next_token_bitmask(bitmask, 0)
+            seconds, after = time.monotonic() - start, heap_in_use()
+            held = -1 if before is None or after is None else max(0, after - before)
+            del matcher
             factory.cache.clear()
-            conn.send(("ok", f"{time.monotonic() - start:.6f}"))
+            conn.send(("ok", f"{seconds:.6f} {held}"))
         except Exception as exc:  # the backend's refusal, reported to the caller as it is
             conn.send(("error", str(exc) or type(exc).__name__))
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    """What a worker measured of one guide: the seconds its compile and first mask took, and
+    the heap bytes the compiled guide held then (None where the C library cannot say)."""
+
+    seconds: float
+    heap_bytes: int | None
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap_in_use() -> int | None:
+    """Bytes the C heap has handed out (glibc's ``mallinfo2``: small blocks and mmapped ones),
+    which the backends' native allocations go through; None without glibc 2.33."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    function.restype = _MallInfo2
+    return function
 
 
 def lower_priority() -> None:

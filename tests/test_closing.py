@@ -21,7 +21,7 @@ from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.grammar.closing import CompletionSearch, guide_words
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
 from guidedec.tokenizer import TokenizerInfo
 
 BACKENDS = ["xgrammar", "llguidance", "auto"]
@@ -75,24 +75,16 @@ def test_a_witness_completes_the_guide_and_leaves_the_matcher_as_it_was(
     assert sorted(lengths)[len(lengths) // 2] <= 12  # short completions, not the limit
 
 
-class _CountingMatcher(GrammarMatcher):
+class _CountingMatcher(WrappedMatcher):
     """Counts the mask fills of the matcher it wraps."""
 
     def __init__(self, inner: GrammarMatcher) -> None:
-        self.inner, self.fills = inner, 0
-
-    def accept_token(self, token_id: int) -> bool:
-        return self.inner.accept_token(token_id)
-
-    def rollback(self, num_tokens: int) -> None:
-        self.inner.rollback(num_tokens)
+        super().__init__(inner)
+        self.fills = 0
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         self.fills += 1
         self.inner.fill_next_token_bitmask(bitmask, index)
-
-    def is_terminated(self) -> bool:
-        return self.inner.is_terminated()
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

@@ -15,7 +15,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.decoder import GuidedDecoder
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
 from guidedec.testing import uniform_guided_generate
 from guidedec.tokenizer import TokenizerInfo
 
@@ -125,27 +125,18 @@ def test_the_mask_time_limit_is_configurable_and_checked() -> None:
     assert set(out.text) == {"a"}
 
 
-class _SlowMatcher(GrammarMatcher):
+class _SlowMatcher(WrappedMatcher):
     """A real matcher whose fills sleep ``slow_s`` at the fill numbers in ``slow``."""
 
     def __init__(self, inner: GrammarMatcher, slow: set[int], slow_s: float) -> None:
-        self.inner, self.slow, self.slow_s, self.fills = inner, slow, slow_s, 0
-        self.backend = inner.backend
-
-    def accept_token(self, token_id: int) -> bool:
-        return self.inner.accept_token(token_id)
-
-    def rollback(self, num_tokens: int) -> None:
-        self.inner.rollback(num_tokens)
+        super().__init__(inner)
+        self.slow, self.slow_s, self.fills = slow, slow_s, 0
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         self.fills += 1
         if self.fills in self.slow:
             time.sleep(self.slow_s)
         self.inner.fill_next_token_bitmask(bitmask, index)
-
-    def is_terminated(self) -> bool:
-        return self.inner.is_terminated()
 
 
 class _SlowFactory(GrammarMatcherFactory):

@@ -31,6 +31,7 @@ from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
 from guidedec.grammar.isolation import process_alive, stop_worker
+from guidedec.grammar.matcher import WrappedMatcher
 from guidedec.testing import EngineChecks, accepts_output, uniform_guided_generate
 
 BACKENDS = ("xgrammar", "llguidance")
@@ -109,27 +110,17 @@ def _note(errors: list[str], message: str) -> None:
         errors.append(message[:_ERROR_CHARS])
 
 
-class TimingMatcher(GrammarMatcher):
+class TimingMatcher(WrappedMatcher):
     """A matcher that appends the microseconds of each mask fill to ``times``."""
 
     def __init__(self, inner: GrammarMatcher, times: Callable[[], array[float]]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.times = times
-        self.backend = inner.backend
-
-    def accept_token(self, token_id: int) -> bool:
-        return self.inner.accept_token(token_id)
-
-    def rollback(self, num_tokens: int) -> None:
-        self.inner.rollback(num_tokens)
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         start = time.perf_counter_ns()
         self.inner.fill_next_token_bitmask(bitmask, index)
         self.times().append((time.perf_counter_ns() - start) / 1000)
-
-    def is_terminated(self) -> bool:
-        return self.inner.is_terminated()
 
 
 class TimingFactory(GrammarMatcherFactory):

@@ -94,6 +94,30 @@ def check_rollback(num_tokens: int, num_accepted: int) -> None:
         )
 
 
+class WrappedMatcher(GrammarMatcher):
+    """A matcher that forwards every call to ``inner``: a base for one that observes a call
+    (times its mask fills, counts them) and leaves the rest as they are."""
+
+    def __init__(self, inner: GrammarMatcher) -> None:
+        self.inner = inner
+        self.backend = inner.backend
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.inner.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        self.inner.fill_next_token_bitmask(bitmask, index)
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+    def forced_tokens(self) -> list[int]:
+        return self.inner.forced_tokens()
+
+
 class GrammarMatcherFactory(ABC):
     """Compiles guides (with a cache) and hands out fresh matchers."""
 

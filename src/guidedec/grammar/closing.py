@@ -174,9 +174,12 @@ PROBE_FIRST = CLOSING_ORDER + "{[0"
 what is open), openers (a value that must be an object or an array) and a digit (a number)."""
 
 
-def _probe_singles(texts: list[str], excluded: set[int]) -> tuple[npt.NDArray[np.int64], int]:
+def _probe_singles(
+    texts: list[str], excluded: set[int]
+) -> tuple[npt.NDArray[np.int64], int, dict[int, int]]:
     """The one-character tokens of printable ASCII (no whitespace): those of ``PROBE_FIRST`` in
-    its order, then the rest in code order; and how many come first."""
+    its order, then the rest in code order; how many come first; and the closer of each
+    opener (``{`` -> ``}``, ``[`` -> ``]``), by token id."""
     ids: dict[str, int] = {}
     for token_id, text in enumerate(texts):
         one = len(text) == 1 and text.isascii() and text.isprintable() and text != " "
@@ -184,7 +187,8 @@ def _probe_singles(texts: list[str], excluded: set[int]) -> tuple[npt.NDArray[np
             ids.setdefault(text, token_id)
     first = [ids[ch] for ch in PROBE_FIRST if ch in ids]
     rest = [ids[ch] for ch in sorted(ids) if ch not in PROBE_FIRST]
-    return np.array(first + rest, dtype=np.int64), len(first)
+    pairs = {ids[o]: ids[c] for o, c in ("{}", "[]", "()") if o in ids and c in ids}
+    return np.array(first + rest, dtype=np.int64), len(first), pairs
 
 
 def completes(matcher: GrammarMatcher, tokens: Sequence[int]) -> bool:
@@ -214,6 +218,7 @@ class ClosingVocab:
     vocab_size: int
     singles: npt.NDArray[np.int64]  # one-character tokens in the probe's order
     num_singles_first: int  # those tried before the guide's words
+    closer_of: dict[int, int]  # opener token -> its closer (the probe tries it right after)
 
     def with_words(self, words: Sequence[int]) -> npt.NDArray[np.int64]:
         """The order with ``words`` moved right after the closers."""
@@ -247,7 +252,7 @@ class ClosingVocab:
         structural = np.zeros(tokenizer.vocab_size, dtype=np.bool_)
         for token_id, text in enumerate(texts):
             structural[token_id] = any(ch in JSON_STRUCTURE for ch in text)
-        singles, first = _probe_singles(texts, excluded)
+        singles, first, pairs = _probe_singles(texts, excluded)
         return cls(
             order,
             np.array(spaces, dtype=np.int64),
@@ -258,6 +263,7 @@ class ClosingVocab:
             tokenizer.vocab_size,
             singles,
             first,
+            pairs,
         )
 
 
@@ -322,13 +328,14 @@ class CompletionSearch:
         each state a stop token if one is accepted, else the first accepted of the probe's
         ``PROBE_CANDIDATES`` candidates (the one-character closers, separators, openers and
         ``0`` of ``PROBE_FIRST``, then the guide's words); a state that accepts none of them
-        has its mask read and takes its first preferred token. The text is then encoded again
+        has its mask read and takes its first preferred token. Right after an opener its
+        closer comes first (``[]`` before ``[""]``). The text is then encoded again
         (``"`` ``,`` ``"`` ``a`` becomes ``",`` ``"a``) where the grammar accepts that. None at
         a state that allows no candidate, past ``PROBE_TRIES`` tries per token of ``limit`` (a
-        cycle) or ``limit`` mask reads, or when the completion does not fit ``limit``: the
+        cycle) or ``2 * limit`` mask reads, or when the completion does not fit ``limit``: the
         search proper runs then. The matcher is left in its state."""
         candidates = self._order[5][:PROBE_CANDIDATES]
-        stops = self.vocab.stop_token_ids
+        stops, closer_of = self.vocab.stop_token_ids, self.vocab.closer_of
         path: list[int] = []
         tries, most = 0, PROBE_TRIES * limit
         found: int | None = None
@@ -342,14 +349,15 @@ class CompletionSearch:
                         break
                 if found is not None:
                     break
-                for token in candidates:
+                closer = closer_of.get(path[-1]) if path else None  # an empty [] or {} first
+                for token in candidates if closer is None else [closer, *candidates]:
                     tries += 1
                     if matcher.accept_token(token):
                         path.append(token)
                         break
                 else:  # a rarer token (inside a key, a pattern): read the state's mask
-                    if self.nodes >= limit:
-                        break  # masks at most at `limit` states: the search proper is bounded
+                    if self.nodes >= 2 * limit:
+                        break  # masks at most at 2 * `limit` states: the probe stays bounded
                     self.nodes += 1
                     matcher.fill_next_token_bitmask(self._rows, 0)
                     preferred = self._preferred(self._rows[0].numpy())

@@ -148,3 +148,26 @@ def test_mixes_and_budgets_change_no_output(picks: list[str], backend: str, budg
 def test_jump_forward_refuses_a_draft_model() -> None:
     with pytest.raises(ValueError, match="not a draft model"):
         LLM("tiny-random", jump_forward=True, speculative="draft:tiny-random-draft")
+
+
+def test_verified_drafts_keep_what_closing_learned() -> None:
+    """A guide that cannot complete within the budget: closing searches once per request and
+    then stops, with jump-forward too (a rollback of rejected forced tokens used to make it
+    forget and search again at every step, each search costing its whole budget)."""
+    guide = GuidedDecodingParams(
+        json_schema={"type": "array", "items": GUIDES["json"].json_schema, "minItems": 30}
+    )
+    no_fit = {}
+    for jump in (False, True):
+        llm = LLM("tiny-random", max_num_seqs=4, jump_forward=jump, isolate_compiles=False)
+        params = [
+            SamplingParams(max_tokens=24, temperature=1.0, seed=i, guided_decoding=guide)
+            for i in range(4)
+        ]
+        outputs = llm.generate([f"Record {i}" for i in range(4)], params)
+        assert [o.finish_reason for o in outputs] == ["length"] * 4
+        no_fit[jump] = llm.decoder.closer.stats.no_fit
+        if jump:
+            assert llm.stats.accepted_forced_tokens < llm.stats.forced_draft_tokens  # rollbacks
+        llm.close()
+    assert no_fit[True] == no_fit[False] == 4

@@ -86,6 +86,7 @@ class _SlotState:
     next_search: int = WINDOW  # search again once tokens_left is at most this
     incomplete: bool = False
     digit_run: int = 0  # ASCII digits at the end of the output
+    moved: bool = False  # the matcher moved by more than the row's token since the witness
 
 
 @dataclass
@@ -116,8 +117,16 @@ class BudgetCloser:
         return state.witness is not None and len(state.witness) > last - MARGIN - num_tokens
 
     def forget(self, slot: int) -> None:
-        """The slot's request ended or its matcher moved other than by its rows' tokens."""
+        """The slot's request ended or its matcher was created anew."""
         self._slots[slot] = _SlotState()
+
+    def moved(self, slot: int) -> None:
+        """The slot's matcher moved by more than its row's token (verified drafts, a rollback of
+        rejected ones): its witness is replayed against the new state before any use, and what
+        was learned about its distance to a completion (no search again after a failed one)
+        is kept, since a search costs its whole budget."""
+        state = self._slots[slot]
+        state.after, state.moved, state.digit_run = None, True, 0
 
     def close(self, req: GuidedRequest, matcher: GrammarMatcher, words: npt.NDArray[Any]) -> None:
         """Restrict the request's row (``words``: its int32 words, just filled for the matcher's
@@ -128,7 +137,10 @@ class BudgetCloser:
         self._bound_digits(req, state, words)
         witness, after = state.witness, state.after
         state.after = None
-        if after is not None and after[0] == req.new_token:
+        if state.moved:
+            state.moved = False
+            witness = _replayed(matcher, state.witness, left)
+        elif after is not None and after[0] == req.new_token:
             witness = after[1]  # found when the token was checked (see admits)
         elif witness and len(witness) > 1 and req.new_token == witness[0]:
             witness = witness[1:]  # the output followed the witness: still valid
@@ -229,7 +241,7 @@ class BudgetCloser:
         can commit the output to a long completion (``,`` before a further tool call): the
         engine samples again without it when it cannot."""
         state = self._slots[slot]
-        witness = state.witness
+        witness = None if state.moved else state.witness
         if witness and witness[0] == token:
             state.after = (token, witness[1:])
             return True
@@ -251,8 +263,8 @@ class BudgetCloser:
 
     def fallback(self, slot: int) -> int | None:
         """The witness's next token for the slot's current state, if one is known."""
-        witness = self._slots[slot].witness
-        return witness[0] if witness else None
+        state = self._slots[slot]
+        return state.witness[0] if state.witness and not state.moved else None
 
     def _find(
         self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int

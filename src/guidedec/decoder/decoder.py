@@ -220,7 +220,8 @@ class GuidedDecoder(BaseGuidedDecoder):
                     raise self._rollback_error(slot, advanced, count)
                 if count < advanced:
                     matcher.rollback(advanced - count)
-                    self.closer.forget(slot)
+                if advanced > 1:  # drafts were verified: the state moved past the closed row
+                    self.closer.moved(slot)
             except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
                 self._forget(req)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -260,6 +261,16 @@ def serve(args: argparse.Namespace) -> int:
         build_llm(args),
         model_name=args.served_model_name,
         max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+        **(
+            {}
+            if args.default_max_tokens is None
+            else {"default_max_tokens": args.default_max_tokens or None}
+        ),
+        api_key=args.api_key or os.environ.get("GUIDEDEC_API_KEY") or None,
+        allowed_origins=args.allowed_origins,
+        allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials,
     )
     uvicorn.run(
         app,
@@ -313,8 +324,38 @@ def _add_serve(commands: Any) -> None:
         metavar="N",
         help="connections and requests at once; past it, HTTP 503 (default: 1024)",
     )
+    run.add_argument(
+        "--default-max-tokens",
+        type=_int_at_least(0),
+        metavar="N",
+        help="max_tokens of a chat completion that gives none; 0: the room left in the context, "
+        "as vLLM (default: 256)",
+    )
+    run.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on /v1 requests (or set GUIDEDEC_API_KEY)",
+    )
+    for name, what in (("origins", "origins"), ("methods", "methods"), ("headers", "headers")):
+        run.add_argument(
+            f"--allowed-{name}",
+            type=_json_list,
+            default=["*"],
+            metavar="JSON",
+            help=f'CORS: allowed {what}, a JSON list (default: ["*"])',
+        )
+    run.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=serve)
+
+
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

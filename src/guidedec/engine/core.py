@@ -38,6 +38,7 @@ from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.grammar_pool import GrammarPool
 from guidedec.engine.graphs import DecodeGraphs, is_decode_step
 from guidedec.engine.handoff import Handoff
+from guidedec.engine.logprobs import TokenLogprob, token_logprob
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.prompts import TokenizedPrompt
 from guidedec.engine.request import Request, RequestOutput
@@ -61,6 +62,7 @@ from guidedec.engine.speculative import (
 )
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
 from guidedec.engine.steering import ValueSteering, check_sampled
+from guidedec.engine.stop_strings import stop_string_start
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
@@ -158,6 +160,14 @@ class EngineCore:
         if request is None or request.is_finished:
             return None
         return list(request.output_token_ids)
+
+    def logprobs_so_far(self, request_id: int) -> list[TokenLogprob] | None:
+        """The log-probabilities of an unfinished request's tokens so far, when it asked for
+        them; None otherwise."""
+        request = self._requests.get(request_id)
+        if request is None or request.is_finished or request.logprobs is None:
+            return None
+        return list(request.logprobs)
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -264,6 +274,7 @@ class EngineCore:
             rows, row = slice(row, row + s.num_logits), row + s.num_logits
             req = s.request
             req.num_accepted_drafts = 0
+            before = len(req.output_token_ids)
             if req.request_id in failures:
                 req.finish("grammar_error", failures[req.request_id])
             elif s.is_prefill:
@@ -280,6 +291,35 @@ class EngineCore:
                     token = self._checked(s, rows.stop - 1, token, logits, sparse)
                 self._verify(req, s, logits[rows], best[rows], token)
             req.generation_only_first = False
+            if req.params.logprobs is not None:
+                first = rows.stop - 1 if s.is_prefill else rows.start
+                self._record_logprobs(req, before, first, logits, sparse)
+
+    def _record_logprobs(
+        self,
+        req: Request,
+        before: int,
+        first_row: int,
+        logits: torch.Tensor,
+        sparse: dict[int, torch.Tensor],
+    ) -> None:
+        """The log-probabilities of the tokens this step added to ``req`` (the k-th from row
+        ``first_row + k``: masked in place, or read at its allowed ids when sparse)."""
+        params, entries = req.params, req.logprobs
+        if entries is None:
+            entries = req.logprobs = []
+        assert params.logprobs is not None
+        for k, token in enumerate(req.output_token_ids[before:]):
+            row = first_row + k
+            entries.append(
+                token_logprob(
+                    logits[row],
+                    token,
+                    temperature=params.temperature,
+                    num_top=params.logprobs,
+                    allowed=sparse.get(row),
+                )
+            )
 
     def _draw(
         self,
@@ -416,6 +456,8 @@ class EngineCore:
                 return
             req.output_token_ids.append(token)
             self.stats.generated_tokens += 1
+            if req.params.stop and self._stopped_by_string(req):
+                return
             if req.broken is not None:  # a settled value breaks the schema: no way back
                 self.stats.invalid_outputs += 1
                 req.finish("grammar_error", f"request {req.request_id}: {req.broken}")
@@ -424,6 +466,22 @@ class EngineCore:
             if len(req.output_token_ids) >= req.params.max_tokens or full:
                 req.finish("length")
                 return
+
+    def _stopped_by_string(self, req: Request) -> bool:
+        """Finish ``stop`` where the output first contains one of its ``stop`` strings."""
+        stops = req.params.stop
+        assert isinstance(stops, tuple)
+        end = stop_string_start(self.tokenizer, req.output_token_ids, stops)
+        if end is None:
+            return False
+        req.text_end = end
+        if req.params.guided_decoding is not None:
+            req.incomplete = (
+                "a stop string ended the guided output; the text before it was not checked "
+                "against the guide"
+            )
+        req.finish("stop")
+        return True
 
     def _speculate(self, batch: list[Scheduled], decoder: GuidedDecoder | None) -> dict[int, str]:
         if self.speculator is None:

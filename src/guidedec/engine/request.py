@@ -9,6 +9,7 @@ from typing import Literal
 
 import torch
 
+from guidedec.engine.logprobs import TokenLogprob
 from guidedec.engine.runner import KVState
 from guidedec.engine.sampling import SamplingParams
 
@@ -52,6 +53,7 @@ class RequestOutput:
         incomplete: For a guided output that ended ``length`` before its guide was complete,
             why: no completion fitted the tokens left, or closing was off. None otherwise.
         metrics: Timings.
+        logprobs: With ``SamplingParams.logprobs``, one entry per token of ``token_ids``.
     """
 
     request_id: int
@@ -63,6 +65,7 @@ class RequestOutput:
     error: str | None
     metrics: RequestMetrics
     incomplete: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +95,8 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     incomplete: str | None = None
+    text_end: int | None = None  # where a stop string starts in the decoded output
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked for
     steered: bool | None = None  # its tokens are checked against its schema (None: not known yet)
     broken: str | None = None  # a settled value breaks its schema (see guidedec.engine.steering)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
@@ -125,10 +130,11 @@ class Request:
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=list(self.prompt_token_ids),
-            text=text,
+            text=text if self.text_end is None else text[: self.text_end],
             token_ids=list(self.output_token_ids),
             finish_reason=self.finish_reason,
             error=self.error,
             metrics=self.metrics,
             incomplete=self.incomplete,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
         )

@@ -33,6 +33,13 @@ class SamplingParams:
             tokens (as in vLLM). Any sequence of non-negative ints; kept as a tuple. A guided
             output still ends only where its grammar allows a stop token, so extra stop ids
             there matter only if the grammar lets them through.
+        stop: Strings that end the output where it first contains one, the string itself and
+            what follows it left out of ``text`` (``token_ids`` keep every generated token, as
+            in vLLM); a string or a sequence of non-empty strings. Under a guide the cut is not
+            checked against it: such an output carries ``incomplete`` saying so.
+        logprobs: Report each generated token's log-probability with this many of its row's
+            likeliest tokens (0: the token's alone; None: none), from the masked distribution
+            it was drawn from (see :mod:`guidedec.engine.logprobs`). At most 20.
         guided_decoding: The guide the output must follow, if any.
         close_within_budget: For a guided request (default True): near the end of its budget
             (``max_tokens`` or the model's context), steer the output to a completion of its
@@ -50,6 +57,8 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: Sequence[int] | None = None
+    stop: str | Sequence[str] | None = None
+    logprobs: int | None = None
     guided_decoding: GuidedDecodingParams | None = None
     close_within_budget: bool = True
 
@@ -64,6 +73,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.stop_token_ids is not None:
             object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
+        if self.stop is not None:
+            object.__setattr__(self, "stop", _stop_strings(self.stop))
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be at most {MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:
@@ -82,6 +97,23 @@ def _stop_ids(ids: object) -> tuple[int, ...]:
         if all(token >= 0 for token in tokens):
             return tuple(tokens)
     raise ValueError(f"stop_token_ids must be a sequence of non-negative ints, got {ids!r}")
+
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 1024
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    strings = (stop,) if isinstance(stop, str) else stop
+    if not (isinstance(strings, Sequence) and all(isinstance(s, str) and s for s in strings)):
+        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+    if len(strings) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in strings):
+        raise ValueError(
+            f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} "
+            "characters each"
+        )
+    return tuple(strings)
 
 
 def _token_id(token: object) -> int:

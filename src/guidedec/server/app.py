@@ -1,19 +1,18 @@
-"""The OpenAI-compatible HTTP API: ``/health``, ``/v1/models``, ``/v1/completions`` and
-``/v1/chat/completions``, with server-sent events when ``stream`` is true.
+"""The OpenAI-compatible HTTP API, with vLLM's names and shapes: ``/v1/completions``,
+``/v1/chat/completions`` (server-sent events when ``stream`` is true), ``/v1/models``, and
+``/health``, ``/version``, ``/metrics``, ``/tokenize``, ``/detokenize``.
 
-Bad input (a malformed body, a field of the wrong type, a guide that does not compile, a prompt
-longer than the model's context) gets HTTP 400 with an OpenAI error object naming the problem;
-the server keeps serving. A client that disconnects mid-stream aborts its request.
+Bad input (a malformed body, a field of the wrong type, an option guidedec does not implement, a
+guide that does not compile, a prompt longer than the model's context) gets HTTP 400 with an
+OpenAI error object naming the problem; an unknown model 404; the server keeps serving. A client
+that disconnects aborts its request, streaming or not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -21,21 +20,43 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
+import guidedec
 from guidedec.engine import LLM, RequestOutput, SamplingParams
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize
 from guidedec.errors import GuidedecError
 from guidedec.grammar.isolation import lower_priority
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.server.async_engine import AsyncEngine
+from guidedec.server.auth import ApiKeyAuth
 from guidedec.server.chat import render_chat
+from guidedec.server.choices import (
+    Choice,
+    ClientGoneError,
+    ShuttingDownError,
+    collect,
+    expand,
+    merged,
+)
 from guidedec.server.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, too_long_to_fit
+from guidedec.server.metrics import CONTENT_TYPE, ServerMetrics
 from guidedec.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     _Request,
     error_body,
+)
+from guidedec.server.responses import (
+    Shape,
+    chat_logprobs,
+    completion_logprobs,
+    guidedec_fields,
+    usage,
 )
 from guidedec.server.stream import TextStream
 from guidedec.server.structured import (
@@ -44,28 +65,16 @@ from guidedec.server.structured import (
     guide_for_request,
     parse_tool_calls,
 )
+from guidedec.server.tool_stream import ToolCallStream
 
 DEFAULT_COMPLETION_TOKENS = 16
-DISCONNECT_POLL_S = 0.25
-"""How often a non-streaming request checks that its client is still there."""
+"""``max_tokens`` of a completion that gives none (OpenAI's and vLLM's default)."""
+DEFAULT_CHAT_TOKENS = 256
+"""``max_tokens`` of a chat completion that gives none (``--default-max-tokens``): a few
+seconds of output on a CPU, where the context's room (vLLM's default) takes minutes."""
 COMPILE_THREADS = 2
 """Guides the server compiles at once (each first probed in a compile worker, which bounds the
 time and the queue)."""
-
-
-class ClientGoneError(Exception):
-    """The client of a non-streaming request went away before its output was ready."""
-
-
-class ShuttingDownError(Exception):
-    """A request still running when the server's graceful shutdown ran out (HTTP 503)."""
-
-
-async def _abort(collecting: asyncio.Future[Any]) -> None:
-    """Cancel a request's collection: that closes its engine stream, which aborts it."""
-    collecting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await collecting
 
 
 class BadRequestError(ValueError):
@@ -74,14 +83,35 @@ class BadRequestError(ValueError):
         self.param = param
 
 
+class ModelNotFoundError(LookupError):
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.")
+
+
 def create_app(
     llm: LLM,
     *,
     model_name: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    default_max_tokens: int | None = DEFAULT_CHAT_TOKENS,
+    api_key: str | None = None,
+    allowed_origins: Sequence[str] = ("*",),
+    allowed_methods: Sequence[str] = ("*",),
+    allowed_headers: Sequence[str] = ("*",),
+    allow_credentials: bool = False,
 ) -> FastAPI:
-    """An app serving ``llm``; its engine thread starts now and stops with the app. A request
-    body past ``max_request_bytes`` gets HTTP 413."""
+    """An app serving ``llm``; its engine thread starts now and stops with the app.
+
+    Args:
+        model_name: The model's id in the API (default: the model's name); requests naming
+            another get 404.
+        max_request_bytes: Larger request bodies get HTTP 413.
+        default_max_tokens: ``max_tokens`` of a chat completion that gives none; None: all
+            the room left in the context, as vLLM.
+        api_key: When set, ``/v1`` requests must send ``Authorization: Bearer <api_key>``.
+        allowed_origins, allowed_methods, allowed_headers, allow_credentials: CORS, as vLLM's
+            flags of the same names (default: any origin).
+    """
     engine = AsyncEngine(llm)
     name = model_name or llm.model.name
 
@@ -92,47 +122,91 @@ def create_app(
 
     app = FastAPI(title="guidedec", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    if api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=api_key)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(allowed_origins),
+        allow_methods=list(allowed_methods),
+        allow_headers=list(allowed_headers),
+        allow_credentials=allow_credentials,
+    )
     app.state.engine = engine
-    _add_error_handlers(app)
-    api = _Api(llm, engine, name)
+    api = _Api(llm, engine, name, default_max_tokens)
+    _add_error_handlers(app, api.metrics)
 
     app.get("/health")(api.health)
+    app.get("/version")(api.version)
+    app.get("/metrics")(api.prometheus)
     app.get("/v1/models")(api.models)
+    app.post("/tokenize")(api.tokenize)
+    app.post("/detokenize")(api.detokenize)
     app.post("/v1/completions", response_model=None)(api.completions)
     app.post("/v1/chat/completions", response_model=None)(api.chat_completions)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    async def invalid(_: Request, exc: Exception) -> JSONResponse:
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            message = f"the request body is not valid JSON: {first.get('msg', '')}"
+            position = first.get("loc", ())[1:]
+            if position:
+                message += f" (at character {position[0]})"
+            return _rejected(metrics, request, error_body(message), 400)
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return _rejected(metrics, request, error_body(message, param=param), 400)
 
-    async def bad(_: Request, exc: Exception) -> JSONResponse:
+    async def bad(request: Request, exc: Exception) -> JSONResponse:
         param = getattr(exc, "param", None)
-        return JSONResponse(error_body(str(exc), param=param), status_code=400)
+        return _rejected(metrics, request, error_body(str(exc), param=param), 400)
+
+    async def no_model(request: Request, exc: Exception) -> JSONResponse:
+        body = error_body(str(exc), param="model", kind="NotFoundError", code=404)
+        return _rejected(metrics, request, body, 404)
+
+    async def http(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kinds = {404: "NotFoundError", 405: "MethodNotAllowedError"}
+        body = error_body(
+            str(exc.detail), kind=kinds.get(exc.status_code, "HTTPError"), code=exc.status_code
+        )
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def gone(_: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the client closed the connection
 
-    app.add_exception_handler(RequestValidationError, invalid)
-
     async def shutting_down(_: Request, exc: Exception) -> JSONResponse:
-        body = error_body("the server is shutting down", kind="service_unavailable")
+        body = error_body("the server is shutting down", kind="service_unavailable", code=503)
         return JSONResponse(body, status_code=503)
 
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http)
     app.add_exception_handler(ClientGoneError, gone)
     app.add_exception_handler(ShuttingDownError, shutting_down)
     app.add_exception_handler(BadRequestError, bad)
     app.add_exception_handler(RequestError, bad)
+    app.add_exception_handler(ModelNotFoundError, no_model)
+
+
+def _rejected(
+    metrics: ServerMetrics, request: Request, body: dict[str, Any], status: int
+) -> JSONResponse:
+    if request.url.path.startswith("/v1/") and request.method == "POST":
+        metrics.record_rejected()
+    return JSONResponse(body, status_code=status)
 
 
 class _Api:
-    def __init__(self, llm: LLM, engine: AsyncEngine, name: str) -> None:
+    def __init__(
+        self, llm: LLM, engine: AsyncEngine, name: str, default_max_tokens: int | None
+    ) -> None:
         self.llm, self.engine, self.name = llm, engine, name
+        self.default_max_tokens = default_max_tokens
+        self.metrics = ServerMetrics(name)
         # The most characters one token covers: a prompt longer than that many per context
         # position is refused before it is tokenized.
         self._longest_token = max(len(t) for t in llm.tokenizer.hf_tokenizer.get_vocab())
@@ -140,73 +214,206 @@ class _Api:
             COMPILE_THREADS, thread_name_prefix="guidedec-serve-compile", initializer=lower_priority
         )
 
+    # --- small endpoints ---------------------------------------------------------------------
+
     async def health(self) -> dict[str, Any]:
         return {"status": "ok", "active_requests": self.engine.num_active}
 
+    async def version(self) -> dict[str, str]:
+        return {"version": guidedec.__version__}
+
+    async def prometheus(self) -> Response:
+        scheduler = self.llm.scheduler
+        text = self.metrics.render(running=len(scheduler.running), waiting=len(scheduler.waiting))
+        return Response(text, media_type=CONTENT_TYPE)
+
     async def models(self) -> dict[str, Any]:
-        card = {"id": self.name, "object": "model", "created": 0, "owned_by": "guidedec"}
+        card = {
+            "id": self.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "guidedec",
+            "root": self.name,
+            "parent": None,
+            "max_model_len": self.llm.max_model_len,
+        }
         return {"object": "list", "data": [card]}
 
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        self._check_model(body.model)
+        hf = _hf(self.llm)
+        if body.messages is not None:
+            text = self._render([m.model_dump() for m in body.messages])
+            if not body.add_generation_prompt:
+                raise BadRequestError(
+                    "add_generation_prompt false is not supported by guidedec",
+                    "add_generation_prompt",
+                )
+            tokens = self.llm.tokenizer.encode(text)
+        else:
+            assert body.prompt is not None
+            tokens = list(hf.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        out: dict[str, Any] = {
+            "count": len(tokens),
+            "max_model_len": self.llm.max_model_len,
+            "tokens": tokens,
+        }
+        if body.return_token_strs:
+            out["token_strs"] = hf.convert_ids_to_tokens(tokens)
+        return out
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
+        self._check_model(body.model)
+        vocab = self.llm.tokenizer.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise BadRequestError(f"token ids must be in [0, {vocab}): {bad[:5]}", "tokens")
+        return {"prompt": self.llm.tokenizer.decode(body.tokens)}
+
+    # --- generation --------------------------------------------------------------------------
+
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
-        prompt: Prompt = body.prompt
-        params = await self._params(body, prompt, body.max_tokens or DEFAULT_COMPLETION_TOKENS)
-        shape = _Shape("cmpl", "text_completion", self.name)
+        self._check_request(body)
+        prompts = _prompts(body.prompt)
+        if body.echo and body.logprobs is not None:
+            raise BadRequestError(
+                "echo with logprobs is not supported by guidedec (prompt log-probabilities)",
+                "echo",
+            )
+        params, lengths = await self._params_for(body, prompts, body.max_tokens or 16)
+        choices = expand(prompts, params, body.n)
+        shape = Shape("cmpl", "text_completion", self.name, include_usage=body.include_usage)
+        echoes = [self._echo(p) if body.echo else "" for p in prompts]
         if body.stream:
-            return _sse(self._stream_completion(prompt, params, shape))
-        output = await self._collect(prompt, params, request)
-        return shape.completion(output, self.llm)
+            return _sse(self._stream_completion(choices, shape, echoes, sum(lengths), body))
+        outputs = await self._collect(choices, request)
+        rows = []
+        for choice, output in zip(choices, outputs, strict=True):
+            echo = echoes[choice.prompt_index]
+            row: dict[str, Any] = {
+                "index": choice.index,
+                "text": echo + output.text,
+                "logprobs": None,
+                "finish_reason": output.finish_reason,
+                **guidedec_fields(output),
+            }
+            if body.logprobs is not None and output.logprobs is not None:
+                kept = _logprobs_of_text(output)
+                row["logprobs"] = completion_logprobs(kept, self.llm.tokenizer)
+            rows.append(row)
+        return {**shape.wrap(shape.kind, rows), "usage": usage(outputs, sum(lengths))}
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
-        try:
-            prompt = render_chat([m.model_dump() for m in body.messages], _hf(self.llm))
-        except ValueError as exc:
-            raise BadRequestError(str(exc), "messages") from exc
+        self._check_request(body)
+        prompt = self._render([m.model_dump() for m in body.messages])
         tools = (body.tools, body.tool_choice) if _calls_tools(body) else None
         max_tokens = body.max_completion_tokens or body.max_tokens
-        params = await self._params(body, prompt, max_tokens, tools=tools)
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens
+        [params], lengths = await self._params_for(body, [prompt], max_tokens, tools=tools)
         if tools and body.tool_choice == "required" and not body.parallel_tool_calls:
             params = replace(params, guided_decoding=_one_call(params.guided_decoding))
-        shape = _Shape("chatcmpl", "chat.completion", self.name)
+        choices = expand([prompt], [params], body.n)
+        shape = Shape("chatcmpl", "chat.completion", self.name, include_usage=body.include_usage)
         if body.stream:
-            return _sse(self._stream_chat(prompt, params, shape, tools))
-        output = await self._collect(prompt, params, request)
-        return shape.chat(output, self.llm, tools)
+            return _sse(self._stream_chat(choices, shape, tools, lengths[0], body))
+        outputs = await self._collect(choices, request)
+        rows = []
+        for choice, output in zip(choices, outputs, strict=True):
+            message, reason = _chat_message(output, tools)
+            row: dict[str, Any] = {
+                "index": choice.index,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": reason,
+                **guidedec_fields(output),
+            }
+            if body.logprobs and output.logprobs is not None:
+                row["logprobs"] = chat_logprobs(_logprobs_of_text(output), self.llm.tokenizer)
+            rows.append(row)
+        return {**shape.wrap(shape.kind, rows), "usage": usage(outputs, lengths[0])}
 
-    async def _params(
-        self, body: _Request, prompt: Prompt, max_tokens: int | None, *, tools: Any = None
+    def _check_request(self, body: _Request) -> None:
+        self._check_model(body.model)
+        problem = body.problem()
+        if problem is not None:
+            raise BadRequestError(problem[1], problem[0])
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.name:
+            raise ModelNotFoundError(model)
+
+    def _render(self, messages: list[dict[str, Any]]) -> str:
+        try:
+            return render_chat(messages, _hf(self.llm))
+        except ValueError as exc:
+            raise BadRequestError(str(exc), "messages") from exc
+
+    def _echo(self, prompt: Prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(list(prompt))
+
+    async def _params_for(
+        self,
+        body: _Request,
+        prompts: Sequence[Prompt],
+        max_tokens: int | None,
+        *,
+        tools: Any = None,
+    ) -> tuple[list[SamplingParams], list[int]]:
+        """Each prompt's sampling parameters (the guide compiled once) and its length."""
+        guide = guide_for_request(
+            response_format=body.response_format,
+            structured_outputs=body.structured_outputs,
+            tools=tools[0] if tools else None,
+            tool_choice=tools[1] if tools else None,
+            top_level=body.top_level_guides(),
+        )
+        lengths = [await asyncio.to_thread(self._check_prompt, p) for p in prompts]
+        params = [self._sampling(body, length, max_tokens, guide) for length in lengths]
+        if guide is not None:
+            await self._compile(guide, _guide_param(body, tools))
+        return params, lengths
+
+    def _sampling(
+        self,
+        body: _Request,
+        prompt_len: int,
+        max_tokens: int | None,
+        guide: GuidedDecodingParams | None,
     ) -> SamplingParams:
-        prompt_len = await asyncio.to_thread(self._check_prompt, prompt)
         room = self.llm.max_model_len - prompt_len
-        max_tokens = room if max_tokens is None else max_tokens
+        given = body.max_tokens if isinstance(body, CompletionRequest) else None
+        if isinstance(body, ChatCompletionRequest):
+            given = body.max_completion_tokens or body.max_tokens
+        if max_tokens is None:
+            max_tokens = room
+        elif given is None:
+            max_tokens = min(max_tokens, room)  # a default never exceeds the room
         if max_tokens > room:
             raise BadRequestError(
                 f"max_tokens={max_tokens} is more than the {room} tokens left in the model's "
                 f"context of {self.llm.max_model_len} after the prompt's {prompt_len}",
                 "max_tokens",
             )
-        guide = guide_for_request(
-            response_format=body.response_format,
-            structured_outputs=body.structured_outputs,
-            tools=tools[0] if tools else None,
-            tool_choice=tools[1] if tools else None,
-        )
+        logprobs = body.logprobs if isinstance(body, CompletionRequest) else None
+        if isinstance(body, ChatCompletionRequest) and body.logprobs:
+            logprobs = body.top_logprobs or 0
         try:
-            params = SamplingParams(
+            return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=body.temperature,
                 top_p=body.top_p,
-                top_k=body.top_k,
+                top_k=max(body.top_k, 0),
                 seed=body.seed,
                 stop_token_ids=body.stop_token_ids,
+                stop=body.stop or None,
+                logprobs=logprobs,
                 guided_decoding=guide,
                 close_within_budget=body.close_within_budget,
             )
         except ValueError as exc:  # the message starts with the field's name
             field = str(exc).split(" ", 1)[0]
             raise BadRequestError(str(exc), field if field in _SAMPLING_FIELDS else None) from exc
-        if guide is not None:
-            await self._compile(guide, _guide_param(body, tools))
-        return params
 
     def _check_prompt(self, prompt: Prompt) -> int:
         if isinstance(prompt, str) and too_long_to_fit(
@@ -235,98 +442,112 @@ class _Api:
         except (GuidedecError, ValueError) as exc:
             raise BadRequestError(f"invalid guide: {exc}", param) from exc
 
-    async def _collect(
-        self, prompt: Prompt, params: SamplingParams, request: Request
-    ) -> RequestOutput:
-        """The request's output; a client that goes away before it is ready aborts it (its
-        slot is freed, as for a streaming client that leaves)."""
-        collecting = asyncio.ensure_future(self._output(prompt, params))
-        try:
-            while True:
-                done, _ = await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_S)
-                if done:
-                    return collecting.result()
-                if await request.is_disconnected():
-                    await _abort(collecting)
-                    raise ClientGoneError
-        except asyncio.CancelledError:  # the server's graceful shutdown ran out
-            await _abort(collecting)
-            raise ShuttingDownError from None
-
-    async def _output(self, prompt: Prompt, params: SamplingParams) -> RequestOutput:
-        async for delta in self.engine.generate(prompt, params):
-            if delta.output is not None:
-                return delta.output
-        raise RuntimeError("the engine ended a request without an output")
+    async def _collect(self, choices: Sequence[Choice], request: Request) -> list[RequestOutput]:
+        outputs = await collect(self.engine, choices, request)
+        for output in outputs:
+            self.metrics.record(output)
+        return outputs
 
     async def _stream_completion(
-        self, prompt: Prompt, params: SamplingParams, shape: _Shape
+        self,
+        choices: Sequence[Choice],
+        shape: Shape,
+        echoes: Sequence[str],
+        prompt_tokens: int,
+        body: CompletionRequest,
     ) -> AsyncIterator[dict[str, Any]]:
-        text = TextStream(self.llm.tokenizer)
-        async for delta in self.engine.generate(prompt, params):
-            piece = text.push(delta.token_ids, final=delta.output is not None)
-            reason = None if delta.output is None else delta.output.finish_reason
-            if piece or reason:
-                yield shape.completion_chunk(piece, reason, delta.output)
+        texts = {c.index: TextStream(self.llm.tokenizer, c.params.stop) for c in choices}
+        if body.echo:
+            for c in choices:
+                yield shape.chunk(_completion_choice(c.index, echoes[c.prompt_index], None))
+        outputs = []
+        async for choice, delta in merged(self.engine, choices):
+            output = delta.output
+            final = None if output is None else output.text
+            piece = texts[choice.index].push(delta.token_ids, final_text=final)
+            reason = None if output is None else output.finish_reason
+            if not (piece or reason):
+                continue
+            row = _completion_choice(choice.index, piece, reason)
+            if body.logprobs is not None and delta.logprobs:
+                row["logprobs"] = completion_logprobs(delta.logprobs, self.llm.tokenizer)
+            if output is not None:
+                row.update(guidedec_fields(output))
+                outputs.append(output)
+                self.metrics.record(output)
+            yield shape.chunk(row)
+        if shape.include_usage:
+            yield shape.usage_chunk(outputs, prompt_tokens)
 
     async def _stream_chat(
-        self, prompt: Prompt, params: SamplingParams, shape: _Shape, tools: Any
+        self,
+        choices: Sequence[Choice],
+        shape: Shape,
+        tools: Any,
+        prompt_tokens: int,
+        body: ChatCompletionRequest,
     ) -> AsyncIterator[dict[str, Any]]:
-        yield shape.chat_chunk({"role": "assistant", "content": ""}, None)
-        text = TextStream(self.llm.tokenizer)
-        async for delta in self.engine.generate(prompt, params):
+        for c in choices:
+            yield shape.chunk(_chat_choice(c.index, {"role": "assistant", "content": ""}, None))
+        texts = {c.index: TextStream(self.llm.tokenizer, c.params.stop) for c in choices}
+        calls = {c.index: ToolCallStream(_named_tool(tools)) for c in choices} if tools else {}
+        outputs = []
+        async for choice, delta in merged(self.engine, choices):
             output = delta.output
-            if output is not None and tools:
-                message, why = _chat_message(output, self.llm, tools)
-                yield shape.chat_chunk({k: v for k, v in message.items() if k != "role"}, why)
-                return
-            piece = text.push(delta.token_ids, final=output is not None)
-            if not tools and (piece or output is not None):
-                reason = None if output is None else _reason(output)
-                yield shape.chat_chunk({"content": piece} if piece else {}, reason, output)
+            stream = texts[choice.index]
+            piece = stream.push(delta.token_ids, final_text=None if output is None else output.text)
+            reason: str | None = None if output is None else output.finish_reason
+            if tools:
+                tool_calls = calls[choice.index].deltas(stream.sent)
+                message: dict[str, Any] = {"tool_calls": tool_calls} if tool_calls else {}
+                if reason == "stop" and calls[choice.index].num_calls:
+                    reason = "tool_calls"
+            else:
+                message = {"content": piece} if piece else {}
+            if not (message or reason):
+                continue
+            row = _chat_choice(choice.index, message, reason)
+            if body.logprobs and delta.logprobs:
+                row["logprobs"] = chat_logprobs(delta.logprobs, self.llm.tokenizer)
+            if output is not None:
+                row.update(guidedec_fields(output))
+                outputs.append(output)
+                self.metrics.record(output)
+            yield shape.chunk(row)
+        if shape.include_usage:
+            yield shape.usage_chunk(outputs, prompt_tokens)
 
 
-class _Shape:
-    """Builds the response objects of one request (one id, one creation time)."""
-
-    def __init__(self, prefix: str, kind: str, model: str) -> None:
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.kind, self.model, self.created = kind, model, int(time.time())
-
-    def _wrap(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, **choice}],
-        }
-
-    def completion(self, output: RequestOutput, llm: LLM) -> dict[str, Any]:
-        choice = {"text": output.text, "logprobs": None, "finish_reason": _reason(output)}
-        return {**self._wrap(self.kind, {**choice, **_error(output)}), "usage": _usage(output)}
-
-    def completion_chunk(
-        self, text: str, reason: str | None, output: RequestOutput | None
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"text": text, "logprobs": None, "finish_reason": reason}
-        if output is not None:
-            choice = {**choice, "finish_reason": _reason(output), **_error(output)}
-        return self._wrap(self.kind, choice)
-
-    def chat(self, output: RequestOutput, llm: LLM, tools: Any) -> dict[str, Any]:
-        message, reason = _chat_message(output, llm, tools)
-        choice = {"message": message, "finish_reason": reason, **_error(output)}
-        return {**self._wrap(self.kind, choice), "usage": _usage(output)}
-
-    def chat_chunk(
-        self, delta: dict[str, Any], reason: str | None, output: RequestOutput | None = None
-    ) -> dict[str, Any]:
-        choice = {"delta": delta, "finish_reason": reason, **(_error(output) if output else {})}
-        return self._wrap("chat.completion.chunk", choice)
+def _prompts(prompt: Any) -> list[Prompt]:
+    """``prompt`` of a completion request as a list of prompts: a string, a list of token ids,
+    or a list of either."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise BadRequestError("prompt must not be empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    if any(isinstance(p, list) and not p for p in prompt):
+        raise BadRequestError("prompt must not hold an empty list of token ids", "prompt")
+    return list(prompt)
 
 
-def _chat_message(output: RequestOutput, llm: LLM, tools: Any) -> tuple[dict[str, Any], str]:
+def _completion_choice(index: int, text: str, reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+def _chat_choice(index: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+
+def _logprobs_of_text(output: RequestOutput) -> list[Any]:
+    """The log-probabilities of the tokens whose text the output keeps (a stop string cuts
+    the text: the tokens from the one that completed it on are left out)."""
+    assert output.logprobs is not None
+    return output.logprobs
+
+
+def _chat_message(output: RequestOutput, tools: Any) -> tuple[dict[str, Any], str]:
     """The assistant message, with ``tool_calls`` when the request constrained it to tools."""
     if tools and output.finish_reason == "stop":
         try:
@@ -335,35 +556,21 @@ def _chat_message(output: RequestOutput, llm: LLM, tools: Any) -> tuple[dict[str
             calls = None
         if calls:
             return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
-    return {"role": "assistant", "content": output.text}, _reason(output)
+    return {"role": "assistant", "content": output.text}, output.finish_reason
+
+
+def _named_tool(tools: Any) -> str | None:
+    """The tool ``tool_choice`` names (the output is its arguments), None for ``"required"``."""
+    choice = tools[1]
+    if isinstance(choice, dict):
+        return str(choice["function"]["name"])
+    return None
 
 
 def _one_call(guide: GuidedDecodingParams | None) -> GuidedDecodingParams:
     """The ``"required"`` tool-call guide (a JSON array of calls) limited to one call."""
     assert guide is not None and isinstance(guide.guide, str)
     return GuidedDecodingParams(json_schema={**json.loads(guide.guide), "maxItems": 1})
-
-
-def _reason(output: RequestOutput) -> str:
-    return output.finish_reason
-
-
-def _error(output: RequestOutput) -> dict[str, Any]:
-    """The choice's guidedec fields: ``error`` (a ``grammar_error``), ``incomplete`` (a guided
-    output cut at its budget: why)."""
-    extra: dict[str, Any] = {} if output.error is None else {"error": output.error}
-    if output.incomplete is not None:
-        extra["incomplete"] = output.incomplete
-    return extra
-
-
-def _usage(output: RequestOutput) -> dict[str, int]:
-    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
 
 
 def _calls_tools(body: ChatCompletionRequest) -> bool:
@@ -377,14 +584,17 @@ def _calls_tools(body: ChatCompletionRequest) -> bool:
 
 
 _SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids"}
+    {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids", "stop", "logprobs"}
 )
 
 
 def _guide_param(body: _Request, tools: Any) -> str:
     if tools:
         return "tools"
-    return "structured_outputs" if body.structured_outputs else "response_format"
+    if body.structured_outputs:
+        return "structured_outputs"
+    top = body.top_level_guides()
+    return next(iter(top)) if top else "response_format"
 
 
 def _hf(llm: LLM) -> Any:
@@ -393,8 +603,11 @@ def _hf(llm: LLM) -> Any:
 
 def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
-        async for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
+        try:
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk)}\n\n"
+        except ValueError as exc:  # a request the engine refused after the stream began
+            yield f"data: {json.dumps(error_body(str(exc)))}\n\n"
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from guidedec.engine import LLM, RequestOutput, SamplingParams
+from guidedec.engine.logprobs import TokenLogprob
 from guidedec.engine.prompts import Prompt
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class Delta:
     token_ids: list[int]
     output: RequestOutput | None = None
     error: Exception | None = None  # the request could not be queued
+    logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked
 
 
 @dataclass(eq=False)
@@ -135,9 +137,13 @@ class AsyncEngine:
         for output in finished:
             stream = self._streams.pop(output.request_id, None)
             if stream is not None and not stream.cancelled:
-                stream.push(Delta(output.token_ids[stream.sent :], output))
+                logprobs = None if output.logprobs is None else output.logprobs[stream.sent :]
+                stream.push(Delta(output.token_ids[stream.sent :], output, logprobs=logprobs))
         for request_id, stream in self._streams.items():
             tokens = self.llm.output_so_far(request_id)
             if tokens is not None and len(tokens) > stream.sent and not stream.cancelled:
-                stream.push(Delta(tokens[stream.sent :]))
+                logprobs = self.llm.logprobs_so_far(request_id)
+                if logprobs is not None:
+                    logprobs = logprobs[stream.sent : len(tokens)]
+                stream.push(Delta(tokens[stream.sent :], logprobs=logprobs))
                 stream.sent = len(tokens)

@@ -19,6 +19,19 @@ from guidedec.grammar.params import GuidedDecodingParams
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "lark", "structural_tag", "json_object")
 _RENAMED = {"json": "json_schema", "grammar": "ebnf"}  # others are GuidedDecodingParams fields
+TOP_LEVEL_GUIDES = {
+    # vLLM's fields before ``structured_outputs``
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+    # SGLang's
+    "json_schema": "json",
+    "regex": "regex",
+    "ebnf": "grammar",
+}
+"""Request fields outside ``structured_outputs`` that other servers take as a guide, and the
+``structured_outputs`` key each means."""
 
 
 class RequestError(ValueError):
@@ -36,11 +49,14 @@ def guide_for_request(
     structured_outputs: Mapping[str, Any] | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
+    top_level: Mapping[str, Any] | None = None,
 ) -> GuidedDecodingParams | None:
     """The guide a request's output must follow, or ``None`` when it is unconstrained. ``tools``
     are validated whenever given; ``response_format`` ``{"type": "text"}`` and ``tool_choice``
     ``"none"``/``"auto"`` yield no guide, so combine with anything. ``structured_outputs`` keys
-    that are null (or ``json_object: false``) count as absent.
+    that are null (or ``json_object: false``) count as absent. ``top_level`` holds the request's
+    fields of :data:`TOP_LEVEL_GUIDES` (``guided_json``, SGLang's ``regex``...), each a guide
+    of its own.
 
     Raises:
         RequestError: a field has the wrong shape, or more than one field yields a guide.
@@ -50,6 +66,11 @@ def guide_for_request(
         "structured_outputs": _from_structured_outputs(structured_outputs),
         "tool_choice": _from_tools(tools, tool_choice),
     }
+    for name, value in (top_level or {}).items():
+        if value is not None:
+            key = TOP_LEVEL_GUIDES[name]
+            guide: Any = _structured_value(key, value, name)
+            guides[name] = GuidedDecodingParams(**{_RENAMED.get(key, key): guide})
     given = [(name, guide) for name, guide in guides.items() if guide is not None]
     if len(given) > 1:
         names = " and ".join(name for name, _ in given)
@@ -100,7 +121,12 @@ def _from_response_format(fmt: Mapping[str, Any] | None) -> GuidedDecodingParams
         return GuidedDecodingParams(json_object=True)
     if kind == "json_schema":
         return GuidedDecodingParams(json_schema=_response_schema(fmt.get("json_schema")))
-    raise _error("response_format.type", f"must be text, json_object or json_schema: {kind!r}")
+    if kind == "structural_tag":
+        return GuidedDecodingParams(structural_tag=dict(fmt))
+    raise _error(
+        "response_format.type",
+        f"must be text, json_object, json_schema or structural_tag: {kind!r}",
+    )
 
 
 def _response_schema(spec: Any) -> dict[str, Any]:

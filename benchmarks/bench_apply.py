@@ -27,6 +27,7 @@ import torch
 
 from guidedec.bench.cases import JSON_CASES as CASES
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask, bitmask_size
 
 VOCAB_SIZE = 129280
@@ -181,7 +182,7 @@ def markdown_tables(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--repeats", type=int, default=200, help="timed calls per method and batch")
     parser.add_argument("--samples", type=int, default=8, help="distinct batches drawn per size")

@@ -36,6 +36,7 @@ import torch
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.errors import GrammarError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
@@ -155,7 +156,7 @@ def run_mode(llm: LLM, batch: list[tuple[str, Any, SamplingParams]], tally: Tall
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--schemas", type=int, default=4, help="schemas per subset")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)

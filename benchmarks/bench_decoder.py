@@ -48,6 +48,7 @@ from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, 
 from guidedec.bench.cases import JSON_CASES as CASES
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
@@ -418,7 +419,7 @@ def table_line(row: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--drafts", type=int, nargs="+", default=[0, 4])

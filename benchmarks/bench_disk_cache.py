@@ -21,6 +21,7 @@ from pathlib import Path
 
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.disk_cache import SUFFIX
@@ -53,7 +54,7 @@ def _factory(tokenizer: TokenizerInfo, directory: str | None) -> XGrammarMatcher
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--data", type=Path, default=DATA, help="JSONSchemaBench folder")
     parser.add_argument("--per-subset", type=int, default=40)
     parser.add_argument("--top", type=int, default=12)

@@ -40,6 +40,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.e2e_baselines import peak_rss_kib, transformers_generate
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
+from guidedec.bench.text import plain
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 MODES = ("unguided", "sequential", "overlapped", "transformers")
@@ -232,7 +233,7 @@ def target_lines(rows: list[dict[str, Any]], rss: dict[str, int] | None) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of all three modes")

@@ -40,6 +40,7 @@ from guidedec import GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.batch_fill import BatchFiller, default_fill_threads
 from guidedec.grammar.factory import create_grammar_matcher_factory
@@ -162,7 +163,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--batches", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128])
     parser.add_argument(

@@ -30,6 +30,7 @@ import torch
 from guidedec import GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher
@@ -145,7 +146,7 @@ def speedup(a: Callable[[], None], b: Callable[[], None], repeats: int) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

@@ -23,6 +23,7 @@ import torch
 
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.bitmask import apply_bitmask, bitmask_size
 from guidedec.testing import random_bitmask
 
@@ -90,7 +91,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS))
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])

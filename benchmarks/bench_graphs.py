@@ -32,6 +32,7 @@ from bench_e2e import SCHEMA_FILE, bench_schema
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report
+from guidedec.bench.text import plain
 
 MODES = {"eager": False, "graphs": True}  # mode -> cuda_graphs
 
@@ -100,7 +101,7 @@ def report(args: argparse.Namespace, modes: dict[str, dict[str, Any]]) -> dict[s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     parser.add_argument("--device", default=default_device, choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32", "bfloat16"])

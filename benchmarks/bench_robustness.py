@@ -28,6 +28,7 @@ from typing import Any
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
+from guidedec.bench.text import plain
 from guidedec.grammar.limits import GuideLimits
 
 HEALTHY = {
@@ -142,7 +143,7 @@ ISOLATION_ONLY = (
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--timeout", type=float, default=10.0, help="compile_timeout_s")
     parser.add_argument("--out", type=Path, help="directory for bench_robustness.json")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import pytest
 
 from guidedec import GuideType
 from guidedec.cli import build_parser, main
-from guidedec.cli_generate import load_guide, sampling_params
+from guidedec.cli_generate import GRAMMAR_ERROR_STATUS, load_guide, sampling_params
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 LINE = re.compile(r"^\[(\d+)\] (stop|length|grammar_error|abort): (.*)$")
@@ -80,8 +80,9 @@ def test_regex_jsonl_records(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["token_ids"] and all(isinstance(t, int) for t in r["token_ids"])
         timings = r["timings"]
         assert 0 < timings["ttft_s"] <= timings["e2e_s"]
-    assert "5/5" in err  # the progress bar
+    assert re.search(r"\b80/80 \[.*tok/s", err), err  # the progress bar counts tokens: 5 x 16
     assert SUMMARY.search(err) is not None
+    assert "tiny-random has random weights" in err
 
 
 @pytest.mark.parametrize("close", [True, False])
@@ -105,7 +106,8 @@ def test_closing_within_max_tokens_or_an_incomplete_note(
 def test_choice_outputs_one_of_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
     choices = ["alpha", "beta", "gamma delta"]
     prompts = ["Pick one:", "Another:", "Third:"]
-    argv = ["generate", "--temperature", "1", "--seed", "7", "--choice", *choices, "--"]
+    picks = [arg for choice in choices for arg in ("--choice", choice)]
+    argv = ["generate", "--temperature", "1", "--seed", "7", *picks]  # the prompts follow
     status, out, err = run_cli(capsys, *argv, *prompts)
     assert status == 0, err
     results = outputs(out)
@@ -122,9 +124,11 @@ def test_ebnf_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert reason == "stop" and re.fullmatch(r"(yes|no) [0-9]", text), out
 
 
-def test_an_invalid_regex_is_reported_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_invalid_regex_is_reported_and_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every output is printed, with its error, and the exit status says one failed."""
     status, out, err = run_cli(capsys, "generate", "--regex", "[", "first", "second")
-    assert status == 0, err
+    assert status == GRAMMAR_ERROR_STATUS == 3, err
+    assert "2 output(s) ended in grammar_error" in err
     results = outputs(out)
     assert [(i, reason) for i, reason, _ in results] == [(0, "grammar_error"), (1, "grammar_error")]
     errors = [line for line in out.splitlines() if line.startswith("    error: ")]
@@ -203,7 +207,7 @@ def test_guides_from_files_and_inline(tmp_path: Path) -> None:
         ("--structural-tag", str(tmp_path / "tag.json")): (GuideType.STRUCTURAL_TAG, None),
         ("--json-schema", ' {"type": "integer"}'): (GuideType.JSON_SCHEMA, None),
         ("--json",): (GuideType.JSON_OBJECT, None),
-        ("--choice", "x", "y"): (GuideType.CHOICE, ("x", "y")),
+        ("--choice", "x", "--choice", "y"): (GuideType.CHOICE, ("x", "y")),
     }
     for options, (guide_type, text) in cases.items():
         args = build_parser().parse_args(["generate", *options, "--", "p"])
@@ -258,7 +262,7 @@ def test_summary_names_how_auto_fills_the_batch(capsys: pytest.CaptureFixture[st
 def test_jump_forward_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     """The same text with and without ``--jump-forward``; the summary counts the forced
     tokens."""
-    guide = ["generate", "--choice", "international shipping please", "domestic pickup"]
+    guide = ["generate", "--choice", "international shipping please", "--choice", "domestic pickup"]
     argv = ["--backend", "llguidance", "--max-tokens", "120", "--jsonl"]
     status, plain, err = run_cli(capsys, *guide, *argv, "Ship:")
     assert status == 0, err
@@ -266,3 +270,25 @@ def test_jump_forward_from_the_command_line(capsys: pytest.CaptureFixture[str]) 
     assert status == 0, err
     assert json.loads(jumped)["text"] == json.loads(plain)["text"]
     assert re.search(r"jump-forward: [1-9]\d* of [1-9]\d* forced tokens accepted", err), err
+
+
+def test_stop_strings_and_a_reasoning_model_from_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--stop`` cuts the text; ``--reasoning-parser`` leaves the thinking free (its tokens
+    capped by ``--thinking-token-budget``) and guides what follows ``</think>``."""
+    status, out, err = run_cli(capsys, "generate", "--max-tokens", "12", "--jsonl", "Once")
+    text = json.loads(out)["text"]
+    stop = text[5:8]
+    status, out, err = run_cli(
+        capsys, "generate", "--max-tokens", "12", "--jsonl", "--stop", stop, "Once"
+    )
+    assert status == 0, err
+    assert json.loads(out)["text"] == text[: text.index(stop)]
+    argv = ["generate", "--reasoning-parser", "deepseek_r1", "--thinking-token-budget", "5"]
+    status, out, err = run_cli(capsys, *argv, "--regex", "[0-9]{3}", "--jsonl", "Think:")
+    assert status == 0, err
+    record = json.loads(out)
+    assert re.fullmatch("[0-9]{3}", record["text"]) and record["finish_reason"] == "stop"
+    assert record["reasoning"] and 128822 in record["token_ids"]  # </think>
+    assert record["token_ids"].index(128822) == 5

@@ -13,6 +13,7 @@ from typing import Any
 
 from guidedec.cli_bench import BenchError, add_bench
 from guidedec.cli_generate import CliError, build_llm, generate, load_schema, schema_status
+from guidedec.engine.reasoning import REASONING_PARSERS
 
 DEMO_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -29,11 +30,10 @@ DEMO_SCHEMA: dict[str, Any] = {
 BACKENDS = ["auto", "xgrammar", "llguidance"]
 GENERATE_EPILOG = """\
 guides (at most one; none means unguided): FILE arguments are paths; --json-schema also takes
-inline JSON starting with '{'. --choice takes several values: end them with '--' when the
-prompts follow (options after '--' are read as prompts), e.g.
-  guidedec generate --temperature 1 --choice yes no -- "Is it?"
-exit status: 0 when every prompt ran (outputs that end in grammar_error are reported, not fatal),
-1 on errors such as an unreadable file, 2 on bad arguments."""
+inline JSON starting with '{'. --choice takes one value and repeats, e.g.
+  guidedec generate --temperature 1 --choice yes --choice no "Is it?"
+exit status: 0 when every output ran, 1 on errors such as an unreadable file, 2 on bad
+arguments, 3 when an output ended in grammar_error (reported with the others)."""
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -141,7 +141,12 @@ def _add_guides(run: argparse.ArgumentParser) -> None:
     guides.add_argument("--regex", metavar="R", help="a regular expression the output matches")
     guides.add_argument("--ebnf", metavar="FILE", help="an EBNF/GBNF grammar file (root rule)")
     guides.add_argument("--lark", metavar="FILE", help="a Lark grammar file (start rule)")
-    guides.add_argument("--choice", nargs="+", metavar="A", help="the output is one of these")
+    guides.add_argument(
+        "--choice",
+        action="append",
+        metavar="TEXT",
+        help="the output is one of these: one per --choice (--choice yes --choice no)",
+    )
     guides.add_argument("--structural-tag", metavar="FILE", help="a structural tag JSON file")
 
 
@@ -156,9 +161,15 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--jump-forward",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="propose the tokens a guide forces as draft tokens, verified in one forward "
-        "(outputs unchanged)",
+        "(outputs unchanged; default: off)",
+    )
+    run.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        help="a reasoning model: its thinking is free and the guide applies after </think>",
     )
     run.add_argument(
         "--max-num-seqs", type=_int_at_least(1), default=8, metavar="N", help="batch size"
@@ -220,6 +231,15 @@ def _add_sampling(run: argparse.ArgumentParser) -> None:
     run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="1: off")
     run.add_argument("--top-k", type=_int_at_least(0), default=0, metavar="K", help="0: off")
     run.add_argument("--seed", type=int, metavar="S", help="prompt i samples with seed S + i")
+    run.add_argument(
+        "--thinking-token-budget",
+        type=_int_at_least(0),
+        metavar="N",
+        help="with --reasoning-parser: end the thinking after N tokens",
+    )
+    run.add_argument(
+        "--stop", action="append", metavar="TEXT", help="a stop string (repeat for more)"
+    )
     run.add_argument(
         "--no-close-within-budget",
         dest="close_within_budget",

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from guidedec.bench.text import plain
+
 SCRIPTS = {
     "apply": "bench_apply.py",
     "closing": "bench_closing.py",
@@ -35,7 +37,7 @@ def add_bench(commands: Any) -> None:
         "bench",
         help="run a benchmark (compliance, apply, closing, decoder, disk-cache, e2e, fill, "
         "robustness)",
-        description=__doc__,
+        description=plain(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument(

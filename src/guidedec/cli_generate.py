@@ -106,6 +106,15 @@ def _json_object(text: str, source: str) -> dict[str, Any]:
 # --- the run ---------------------------------------------------------------------------------
 
 
+RANDOM_MODELS = ("tiny-random", "tiny-random-draft")
+RANDOM_NOTE = (
+    "guidedec: note: {model} has random weights (a test model, no download): its text is "
+    "nonsense, but it follows the guide"
+)
+GRAMMAR_ERROR_STATUS = 3
+"""Exit status of ``generate`` when an output ended in ``grammar_error``."""
+
+
 def build_llm(args: argparse.Namespace) -> LLM:
     try:
         return LLM(
@@ -123,6 +132,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             mask_time_limit_ms=_mask_time_limit(getattr(args, "mask_time_limit_ms", 20.0)),
             compile_cache_dir=getattr(args, "compile_cache_dir", None),
             jump_forward=getattr(args, "jump_forward", False),
+            reasoning_parser=getattr(args, "reasoning_parser", None),
         )
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the engine with model {args.model!r}: {exc}") from exc
@@ -141,6 +151,8 @@ def sampling_params(args: argparse.Namespace, guide: Guide) -> list[SamplingPara
             top_p=args.top_p,
             top_k=args.top_k,
             seed=None if args.seed is None else args.seed + i,
+            stop=getattr(args, "stop", None),
+            thinking_token_budget=getattr(args, "thinking_token_budget", None),
             guided_decoding=guide.params,
             close_within_budget=getattr(args, "close_within_budget", True),
         )
@@ -154,21 +166,29 @@ def run(llm: LLM, prompts: list[str], params: list[SamplingParams], progress: bo
     ids = [
         _add(llm, i, prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
     ]
-    with tqdm(total=len(ids), disable=not progress, file=sys.stderr, unit="req") as bar:
-        done, step_s = _step_until_done(llm, len(ids), bar)
+    total = sum(p.max_tokens for p in params)
+    with tqdm(total=total, disable=not progress, file=sys.stderr, unit="tok") as bar:
+        budgets = {i: p.max_tokens for i, p in zip(ids, params, strict=True)}
+        done, step_s = _step_until_done(llm, budgets, bar)
     return RunResult([done[i] for i in ids], time.perf_counter() - start, step_s)
 
 
-def _step_until_done(llm: LLM, count: int, bar: Any) -> tuple[dict[int, RequestOutput], float]:
-    """Step until ``count`` requests finished: their outputs by id, and the seconds in steps."""
+def _step_until_done(
+    llm: LLM, budgets: dict[int, int], bar: Any
+) -> tuple[dict[int, RequestOutput], float]:
+    """Step until every request finished: their outputs by id, and the seconds in steps. The
+    bar counts tokens: each step's, and at a request's end the budget it left unused."""
     done: dict[int, RequestOutput] = {}
-    step_s = 0.0
-    while len(done) < count:
+    step_s, generated = 0.0, llm.stats.generated_tokens
+    while len(done) < len(budgets):
         step_start = time.perf_counter()
         finished = llm.step()
         step_s += time.perf_counter() - step_start
         done.update((out.request_id, out) for out in finished)
-        bar.update(len(finished))
+        now = llm.stats.generated_tokens
+        unused = sum(budgets.get(out.request_id, 0) - len(out.token_ids) for out in finished)
+        bar.update(now - generated + max(0, unused))
+        generated = now
     return done, step_s
 
 
@@ -188,6 +208,8 @@ def show_progress(num_prompts: int) -> bool:
 
 def print_plain(outputs: list[RequestOutput], schema: dict[str, Any] | None) -> None:
     for i, out in enumerate(outputs):
+        if out.reasoning is not None:
+            print(f"[{i}] reasoning: {out.reasoning}")
         print(f"[{i}] {out.finish_reason}: {out.text}")
         if out.error is not None:
             print(f"    error: {out.error}")
@@ -202,6 +224,7 @@ def print_jsonl(outputs: list[RequestOutput]) -> None:
         record = {
             "prompt": out.prompt,
             "text": out.text,
+            **({} if out.reasoning is None else {"reasoning": out.reasoning}),
             "token_ids": out.token_ids,
             "finish_reason": out.finish_reason,
             "error": out.error,
@@ -303,4 +326,10 @@ def generate(args: argparse.Namespace) -> int:
     else:
         print_plain(result.outputs, guide.schema)
     print(f"guidedec: {summary(llm, result)}", file=sys.stderr)
+    if args.model in RANDOM_MODELS:
+        print(RANDOM_NOTE.format(model=args.model), file=sys.stderr)
+    failed = sum(out.finish_reason == "grammar_error" for out in result.outputs)
+    if failed:
+        print(f"guidedec: {failed} output(s) ended in grammar_error", file=sys.stderr)
+        return GRAMMAR_ERROR_STATUS
     return 0

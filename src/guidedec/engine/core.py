@@ -41,6 +41,7 @@ from guidedec.engine.handoff import Handoff
 from guidedec.engine.logprobs import TokenLogprob, token_logprob
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.prompts import TokenizedPrompt
+from guidedec.engine.reasoning import ReasoningParser, content_ids, thinking_token
 from guidedec.engine.request import Request, RequestOutput
 from guidedec.engine.runner import ForwardInput, SlotRunner
 from guidedec.engine.sampling import (
@@ -88,8 +89,10 @@ class EngineCore:
         compile_timeout_s: float,
         overlap: bool = True,
         cuda_graphs: bool = False,
+        reasoning: ReasoningParser | None = None,
     ) -> None:
         self.model, self.config = model, config
+        self.reasoning = reasoning
         self.tokenizer = model.tokenizer
         self.max_model_len = model.max_model_len
         self.num_draft_tokens, self.max_num_tokens = num_draft_tokens, max_num_tokens
@@ -274,7 +277,7 @@ class EngineCore:
             rows, row = slice(row, row + s.num_logits), row + s.num_logits
             req = s.request
             req.num_accepted_drafts = 0
-            before = len(req.output_token_ids)
+            before, starting = len(req.output_token_ids), req.guide_starts
             if req.request_id in failures:
                 req.finish("grammar_error", failures[req.request_id])
             elif s.is_prefill:
@@ -291,6 +294,8 @@ class EngineCore:
                     token = self._checked(s, rows.stop - 1, token, logits, sparse)
                 self._verify(req, s, logits[rows], best[rows], token)
             req.generation_only_first = False
+            if starting and not s.is_prefill:
+                req.guide_starts = False  # this step created its matcher
             if req.params.logprobs is not None:
                 first = rows.stop - 1 if s.is_prefill else rows.start
                 self._record_logprobs(req, before, first, logits, sparse)
@@ -439,7 +444,8 @@ class EngineCore:
         schema its backend only approximates), which ends ``grammar_error`` naming where."""
         guide = req.params.guided_decoding
         if guide is not None:
-            problem = self.validator.problem(guide, self.tokenizer.decode(req.output_token_ids))
+            text = self.tokenizer.decode(content_ids(self.reasoning, req))
+            problem = self.validator.problem(guide, text)
             if problem is not None:
                 self.stats.invalid_outputs += 1
                 req.finish("grammar_error", f"request {req.request_id}: {problem}")
@@ -451,12 +457,15 @@ class EngineCore:
         ``stop_token_ids``), ``max_tokens`` or the end of the model's context."""
         stops = (*self.tokenizer.stop_token_ids, *(req.params.stop_token_ids or ()))
         for token in tokens:
+            if req.thinking:
+                assert self.reasoning is not None
+                token = thinking_token(self.reasoning, req, token, stops)
             if token in stops:
                 self._finish_complete(req)
                 return
             req.output_token_ids.append(token)
             self.stats.generated_tokens += 1
-            if req.params.stop and self._stopped_by_string(req):
+            if req.params.stop and not req.thinking and self._stopped_by_string(req):
                 return
             if req.broken is not None:  # a settled value breaks the schema: no way back
                 self.stats.invalid_outputs += 1
@@ -471,7 +480,10 @@ class EngineCore:
         """Finish ``stop`` where the output first contains one of its ``stop`` strings."""
         stops = req.params.stop
         assert isinstance(stops, tuple)
-        end = stop_string_start(self.tokenizer, req.output_token_ids, stops)
+        content = content_ids(self.reasoning, req)
+        if not content:
+            return False
+        end = stop_string_start(self.tokenizer, content, stops)
         if end is None:
             return False
         req.text_end = end
@@ -530,6 +542,8 @@ class EngineCore:
         left = f"{request.params.max_tokens} tokens (max_tokens)"
         if len(request.all_token_ids) >= self.max_model_len:
             left = f"the model's context of {self.max_model_len} tokens"
+        if request.thinking:
+            return f"the output is incomplete: it reached {left} while thinking, before its guide"
         if not request.params.close_within_budget:
             return f"the output is incomplete: it reached {left} with closing off"
         return (
@@ -539,7 +553,13 @@ class EngineCore:
 
     def _finalize(self, request: Request) -> RequestOutput:
         self._requests.pop(request.request_id, None)
-        return request.output(self.tokenizer.decode(request.output_token_ids))
+        if self.reasoning is None:
+            return request.output(self.tokenizer.decode(request.output_token_ids))
+        thinking, content = self.reasoning.split(
+            request.output_token_ids, request.reasoning_end, request.thought
+        )
+        reasoning = None if thinking is None else self.tokenizer.decode(thinking)
+        return request.output(self.tokenizer.decode(content), reasoning)
 
     def _hand_off(self, req: Request) -> None:
         assert req.slot is not None
@@ -560,6 +580,9 @@ class EngineCore:
             self._new_id(), prompt.text, prompt.token_ids, params, make_generator(params)
         )
         request.draft_generator = make_draft_generator(params)
+        if self.reasoning is not None:
+            request.thought = self.reasoning.thinks_at_start(prompt.token_ids)
+            request.thinking = request.thought
         return request
 
     def _new_id(self) -> int:
@@ -608,14 +631,15 @@ def _draws_one(s: Scheduled) -> bool:
 def _snapshot(s: Scheduled, max_model_len: int) -> GuidedRequest:
     req = s.request
     assert req.slot is not None
-    params = req.params.guided_decoding
+    params = None if req.thinking else req.params.guided_decoding
     left = req.tokens_left(max_model_len) if req.params.close_within_budget else None
-    if s.is_prefill:
+    if s.is_prefill or req.guide_starts:  # the guide's start: a matcher, its first row
+        assert s.is_prefill or not s.token_ids[1:], "no drafts where the guide starts"
         return GuidedRequest.context(
             params,
             request_id=req.request_id,
             seq_slot=req.slot,
-            is_last_context_chunk=s.is_last_chunk,
+            is_last_context_chunk=s.is_last_chunk or not s.is_prefill,
             tokens_left=left,
         )
     return GuidedRequest.generation(

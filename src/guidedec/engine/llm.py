@@ -18,6 +18,7 @@ from guidedec.engine.core import EngineCore, Speculator
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel, load_model
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize, tokenize_prompts
+from guidedec.engine.reasoning import ReasoningParser, ReasoningParserName
 from guidedec.engine.request import RequestOutput
 from guidedec.engine.sampling import SamplingParams
 from guidedec.engine.speculative import (
@@ -81,6 +82,9 @@ class LLM(EngineCore):
         mask_time_limit_ms: A request whose token masks take longer than this three times in a
             row ends with ``grammar_error`` (default 20 ms; real guides take microseconds; None:
             no limit). See :class:`guidedec.grammar.config.GuidedDecodingConfig`.
+        reasoning_parser: ``"deepseek_r1"`` or ``"qwen3"``: a request's output starts with the
+            model's thinking, free, and its guide applies after ``</think>``; outputs carry
+            it as ``reasoning`` (see :mod:`guidedec.engine.reasoning`).
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class LLM(EngineCore):
         mask_time_limit_ms: float | None = 20.0,
         compile_cache_dir: str | os.PathLike[str] | None = None,
         jump_forward: bool = False,
+        reasoning_parser: ReasoningParserName | None = None,
     ) -> None:
         spec = parse_speculative(speculative)
         if jump_forward and spec is not None and spec[0] != "ngram":
@@ -146,6 +151,11 @@ class LLM(EngineCore):
             compile_timeout_s=compile_timeout_s,
             overlap=overlap,
             cuda_graphs=cuda_graphs,
+            reasoning=(
+                None
+                if reasoning_parser is None
+                else ReasoningParser.create(reasoning_parser, loaded.tokenizer)
+            ),
         )
         self._params: dict[int, SamplingParams] = {}  # of prefill-only requests
         if starting is not None:

@@ -54,6 +54,8 @@ class RequestOutput:
             why: no completion fitted the tokens left, or closing was off. None otherwise.
         metrics: Timings.
         logprobs: With ``SamplingParams.logprobs``, one entry per token of ``token_ids``.
+        reasoning: With a reasoning parser, the thinking's text (``text`` is the content after
+            it, which the guide applies to); None when the output has none.
     """
 
     request_id: int
@@ -66,6 +68,7 @@ class RequestOutput:
     metrics: RequestMetrics
     incomplete: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -97,6 +100,10 @@ class Request:
     incomplete: str | None = None
     text_end: int | None = None  # where a stop string starts in the decoded output
     logprobs: list[TokenLogprob] | None = None  # one per output token, when asked for
+    thought: bool = False  # it started inside a reasoning model's thinking
+    thinking: bool = False  # it is inside it now: unguided
+    reasoning_end: int | None = None  # the index of its </think> in output_token_ids
+    guide_starts: bool = False  # thinking just ended: the next step creates its matcher
     steered: bool | None = None  # its tokens are checked against its schema (None: not known yet)
     broken: str | None = None  # a settled value breaks its schema (see guidedec.engine.steering)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
@@ -124,7 +131,7 @@ class Request:
         self.status, self.finish_reason, self.error = Status.FINISHED, reason, error
         self.metrics.finished = time.perf_counter()
 
-    def output(self, text: str) -> RequestOutput:
+    def output(self, text: str, reasoning: str | None = None) -> RequestOutput:
         assert self.finish_reason is not None
         return RequestOutput(
             request_id=self.request_id,
@@ -137,4 +144,5 @@ class Request:
             metrics=self.metrics,
             incomplete=self.incomplete,
             logprobs=None if self.logprobs is None else list(self.logprobs),
+            reasoning=reasoning,
         )

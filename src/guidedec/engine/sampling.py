@@ -40,6 +40,8 @@ class SamplingParams:
         logprobs: Report each generated token's log-probability with this many of its row's
             likeliest tokens (0: the token's alone; None: none), from the masked distribution
             it was drawn from (see :mod:`guidedec.engine.logprobs`). At most 20.
+        thinking_token_budget: With a reasoning parser (``LLM(reasoning_parser=...)``): the
+            most thinking tokens; the next one is the end-of-thinking token. None: no limit.
         guided_decoding: The guide the output must follow, if any.
         close_within_budget: For a guided request (default True): near the end of its budget
             (``max_tokens`` or the model's context), steer the output to a completion of its
@@ -59,6 +61,7 @@ class SamplingParams:
     stop_token_ids: Sequence[int] | None = None
     stop: str | Sequence[str] | None = None
     logprobs: int | None = None
+    thinking_token_budget: int | None = None
     guided_decoding: GuidedDecodingParams | None = None
     close_within_budget: bool = True
 
@@ -75,6 +78,8 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
         if self.stop is not None:
             object.__setattr__(self, "stop", _stop_strings(self.stop))
+        if self.thinking_token_budget is not None:
+            _check_int("thinking_token_budget", self.thinking_token_budget, minimum=0)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0)
             if self.logprobs > MAX_LOGPROBS:

@@ -32,10 +32,13 @@ def draft_budget(
 ) -> int:
     """Draft tokens worth proposing: never past ``max_tokens`` or the model's context, and none
     where budget-aware closing may act on the coming rows (see
-    :meth:`guidedec.decoder.closing.BudgetCloser.acts_within`), and none for a request whose
-    tokens are checked against its schema (see :mod:`guidedec.engine.steering`)."""
+    :meth:`guidedec.decoder.closing.BudgetCloser.acts_within`), none for a request whose
+    tokens are checked against its schema (see :mod:`guidedec.engine.steering`), and none
+    while a reasoning model thinks (see :mod:`guidedec.engine.reasoning`)."""
     params = request.params
     if params.guided_decoding is not None and request.steered is not False:
+        return 0
+    if request.thinking or request.guide_starts:  # no draft may cross the end of thinking
         return 0
     if (
         decoder is not None

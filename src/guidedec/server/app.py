@@ -51,6 +51,7 @@ from guidedec.server.protocol import (
     _Request,
     error_body,
 )
+from guidedec.server.reasoning_stream import ReasoningStream
 from guidedec.server.responses import (
     Shape,
     chat_logprobs,
@@ -280,7 +281,10 @@ class _Api:
                 "echo with logprobs is not supported by guidedec (prompt log-probabilities)",
                 "echo",
             )
-        params, lengths = await self._params_for(body, prompts, body.max_tokens or 16)
+        params, ids = await self._params_for(
+            body, prompts, body.max_tokens or DEFAULT_COMPLETION_TOKENS
+        )
+        lengths = [len(i) for i in ids]
         choices = expand(prompts, params, body.n)
         shape = Shape("cmpl", "text_completion", self.name, include_usage=body.include_usage)
         echoes = [self._echo(p) if body.echo else "" for p in prompts]
@@ -292,7 +296,7 @@ class _Api:
             echo = echoes[choice.prompt_index]
             row: dict[str, Any] = {
                 "index": choice.index,
-                "text": echo + output.text,
+                "text": echo + self._full_text(output),
                 "logprobs": None,
                 "finish_reason": output.finish_reason,
                 **guidedec_fields(output),
@@ -310,17 +314,20 @@ class _Api:
         max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None:
             max_tokens = self.default_max_tokens
-        [params], lengths = await self._params_for(body, [prompt], max_tokens, tools=tools)
+        [params], [prompt_ids] = await self._params_for(body, [prompt], max_tokens, tools=tools)
+        thought = self.llm.reasoning is not None and self.llm.reasoning.thinks_at_start(prompt_ids)
         if tools and body.tool_choice == "required" and not body.parallel_tool_calls:
             params = replace(params, guided_decoding=_one_call(params.guided_decoding))
         choices = expand([prompt], [params], body.n)
         shape = Shape("chatcmpl", "chat.completion", self.name, include_usage=body.include_usage)
         if body.stream:
-            return _sse(self._stream_chat(choices, shape, tools, lengths[0], body))
+            return _sse(self._stream_chat(choices, shape, tools, len(prompt_ids), body, thought))
         outputs = await self._collect(choices, request)
         rows = []
         for choice, output in zip(choices, outputs, strict=True):
             message, reason = _chat_message(output, tools)
+            if self.llm.reasoning is not None:
+                message["reasoning_content"] = output.reasoning
             row: dict[str, Any] = {
                 "index": choice.index,
                 "message": message,
@@ -331,7 +338,7 @@ class _Api:
             if body.logprobs and output.logprobs is not None:
                 row["logprobs"] = chat_logprobs(_logprobs_of_text(output), self.llm.tokenizer)
             rows.append(row)
-        return {**shape.wrap(shape.kind, rows), "usage": usage(outputs, lengths[0])}
+        return {**shape.wrap(shape.kind, rows), "usage": usage(outputs, len(prompt_ids))}
 
     def _check_request(self, body: _Request) -> None:
         self._check_model(body.model)
@@ -349,6 +356,16 @@ class _Api:
         except ValueError as exc:
             raise BadRequestError(str(exc), "messages") from exc
 
+    def _full_text(self, output: RequestOutput) -> str:
+        """A completion's text: with a reasoning parser, the thinking and its markers too (as
+        vLLM's completions endpoint, which parts nothing); the guide applies to what follows
+        ``</think>``."""
+        parser = self.llm.reasoning
+        if parser is None or output.reasoning is None or parser.end_id not in output.token_ids:
+            return output.text
+        end = output.token_ids.index(parser.end_id)
+        return self.llm.tokenizer.decode(output.token_ids[: end + 1]) + output.text
+
     def _echo(self, prompt: Prompt) -> str:
         return prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(list(prompt))
 
@@ -359,8 +376,8 @@ class _Api:
         max_tokens: int | None,
         *,
         tools: Any = None,
-    ) -> tuple[list[SamplingParams], list[int]]:
-        """Each prompt's sampling parameters (the guide compiled once) and its length."""
+    ) -> tuple[list[SamplingParams], list[list[int]]]:
+        """Each prompt's sampling parameters (the guide compiled once) and its tokens."""
         guide = guide_for_request(
             response_format=body.response_format,
             structured_outputs=body.structured_outputs,
@@ -368,11 +385,11 @@ class _Api:
             tool_choice=tools[1] if tools else None,
             top_level=body.top_level_guides(),
         )
-        lengths = [await asyncio.to_thread(self._check_prompt, p) for p in prompts]
-        params = [self._sampling(body, length, max_tokens, guide) for length in lengths]
+        ids = [await asyncio.to_thread(self._check_prompt, p) for p in prompts]
+        params = [self._sampling(body, len(i), max_tokens, guide) for i in ids]
         if guide is not None:
             await self._compile(guide, _guide_param(body, tools))
-        return params, lengths
+        return params, ids
 
     def _sampling(
         self,
@@ -395,6 +412,11 @@ class _Api:
                 f"context of {self.llm.max_model_len} after the prompt's {prompt_len}",
                 "max_tokens",
             )
+        if body.thinking_token_budget is not None and self.llm.reasoning is None:
+            raise BadRequestError(
+                "thinking_token_budget needs a reasoning model: serve with --reasoning-parser",
+                "thinking_token_budget",
+            )
         logprobs = body.logprobs if isinstance(body, CompletionRequest) else None
         if isinstance(body, ChatCompletionRequest) and body.logprobs:
             logprobs = body.top_logprobs or 0
@@ -408,6 +430,7 @@ class _Api:
                 stop_token_ids=body.stop_token_ids,
                 stop=body.stop or None,
                 logprobs=logprobs,
+                thinking_token_budget=body.thinking_token_budget,
                 guided_decoding=guide,
                 close_within_budget=body.close_within_budget,
             )
@@ -415,7 +438,7 @@ class _Api:
             field = str(exc).split(" ", 1)[0]
             raise BadRequestError(str(exc), field if field in _SAMPLING_FIELDS else None) from exc
 
-    def _check_prompt(self, prompt: Prompt) -> int:
+    def _check_prompt(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str) and too_long_to_fit(
             prompt, self.llm.max_model_len, self._longest_token
         ):
@@ -431,7 +454,7 @@ class _Api:
             )
         except ValueError as exc:
             raise BadRequestError(str(exc), "prompt") from exc
-        return len(tokenized.token_ids)
+        return tokenized.token_ids
 
     async def _compile(self, guide: Any, param: str) -> None:
         """Compile on a compile thread (the event loop goes on, the compile at a lower priority
@@ -486,24 +509,32 @@ class _Api:
         tools: Any,
         prompt_tokens: int,
         body: ChatCompletionRequest,
+        thought: bool,
     ) -> AsyncIterator[dict[str, Any]]:
         for c in choices:
             yield shape.chunk(_chat_choice(c.index, {"role": "assistant", "content": ""}, None))
-        texts = {c.index: TextStream(self.llm.tokenizer, c.params.stop) for c in choices}
+        texts = {
+            c.index: ReasoningStream(
+                self.llm.reasoning, self.llm.tokenizer, thought=thought, stop=c.params.stop
+            )
+            for c in choices
+        }
         calls = {c.index: ToolCallStream(_named_tool(tools)) for c in choices} if tools else {}
         outputs = []
         async for choice, delta in merged(self.engine, choices):
             output = delta.output
             stream = texts[choice.index]
-            piece = stream.push(delta.token_ids, final_text=None if output is None else output.text)
+            thinking, piece = stream.push(delta.token_ids, output)
             reason: str | None = None if output is None else output.finish_reason
+            message: dict[str, Any] = {"reasoning_content": thinking} if thinking else {}
             if tools:
-                tool_calls = calls[choice.index].deltas(stream.sent)
-                message: dict[str, Any] = {"tool_calls": tool_calls} if tool_calls else {}
+                tool_calls = calls[choice.index].deltas(stream.content.sent)
+                if tool_calls:
+                    message["tool_calls"] = tool_calls
                 if reason == "stop" and calls[choice.index].num_calls:
                     reason = "tool_calls"
-            else:
-                message = {"content": piece} if piece else {}
+            elif piece:
+                message["content"] = piece
             if not (message or reason):
                 continue
             row = _chat_choice(choice.index, message, reason)

@@ -93,6 +93,7 @@ class _Request(BaseModel):
     json_schema: dict[str, Any] | str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)
     close_within_budget: bool = True  # guidedec: end guided outputs complete within max_tokens
 
     def problem(self) -> tuple[str, str] | None:

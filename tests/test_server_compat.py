@@ -376,3 +376,131 @@ def test_cors_preflight_answers_the_allowed_origin_only(guarded: str) -> None:
         f"{guarded}/v1/completions", headers={**headers, "origin": "https://evil.example"}
     )
     assert "access-control-allow-origin" not in other.headers
+
+
+# --- lifecycle and load ----------------------------------------------------------------------
+
+
+def _idle(server: str, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while httpx.get(f"{server}/health").json()["active_requests"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_streaming_client_that_leaves_aborts_every_choice(server: str) -> None:
+    body = {"model": MODEL, "prompt": "A long story:", "max_tokens": 3000, "n": 3, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+        assert httpx.get(f"{server}/health").json()["active_requests"] == 3
+    assert _idle(server), "the abandoned choices are still counted"
+
+
+def test_64_concurrent_clients_mixing_every_option(server: str) -> None:
+    """Every option at once, under load: only the intended 4xx, every guided output valid,
+    nothing left running, and the server's memory growth bounded (printed)."""
+    import psutil  # the server runs in this process: its RSS is ours
+
+    rss_before = psutil.Process().memory_info().rss
+    schema = {"name": "p", "schema": PERSON}
+    bodies: list[tuple[str, dict[str, Any], int]] = []
+    for i in range(64):
+        kind = i % 8
+        base: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "seed": i, "temperature": 1.0}
+        if kind == 0:
+            bodies.append(("/v1/completions", {**base, "prompt": ["a", "b"], "n": 2}, 200))
+        elif kind == 1:
+            chat = {"messages": [{"role": "user", "content": "x"}], "logprobs": True}
+            bodies.append(("/v1/chat/completions", {**base, **chat, "top_logprobs": 2}, 200))
+        elif kind == 2:
+            rf = {"type": "json_schema", "json_schema": schema}
+            msgs = [{"role": "user", "content": "p"}]
+            body = {**base, "messages": msgs, "response_format": rf, "n": 2, "max_tokens": 60}
+            bodies.append(("/v1/chat/completions", body, 200))
+        elif kind == 3:
+            body = {**base, "prompt": "s", "stop": ["a", "e"], "stream": True, "echo": True}
+            bodies.append(
+                ("/v1/completions", {**body, "stream_options": {"include_usage": True}}, 200)
+            )
+        elif kind == 4:
+            bodies.append(
+                ("/v1/completions", {**base, "prompt": "g", "guided_regex": "[0-9]{4}"}, 200)
+            )
+        elif kind == 5:
+            bodies.append(("/v1/completions", {**base, "prompt": "x", "presence_penalty": 1}, 400))
+        elif kind == 6:
+            bodies.append(("/v1/completions", {**base, "prompt": "x", "model": "other"}, 404))
+        else:
+            tools = {"tools": [WEATHER_TOOL], "tool_choice": "required", "stream": True}
+            msgs = [{"role": "user", "content": "w"}]
+            bodies.append(
+                ("/v1/chat/completions", {**base, "messages": msgs, **tools, "max_tokens": 60}, 200)
+            )
+    results: list[tuple[int, int, str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def run(path: str, body: dict[str, Any], expected: int) -> None:
+        response = httpx.post(f"{server}{path}", json=body, timeout=300)
+        with lock:
+            results.append((expected, response.status_code, response.text, body))
+
+    threads = [threading.Thread(target=run, args=b) for b in bodies]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    took = time.monotonic() - start
+    assert len(results) == 64
+    assert [(e, s) for e, s, _, _ in results if e != s] == []
+    for expected, _, text, sent in results:
+        if expected != 200:
+            continue
+        if sent.get("stream"):
+            assert text.rstrip().endswith("data: [DONE]") and '"error"' not in text
+            continue
+        choices = json.loads(text)["choices"]
+        assert len(choices) == (4 if isinstance(sent.get("prompt"), list) else sent.get("n", 1))
+        for choice in choices:
+            if "response_format" in sent:
+                jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+            if "guided_regex" in sent:
+                assert re.fullmatch("[0-9]{4}", choice["text"]), choice
+    assert _idle(server)
+    growth = (psutil.Process().memory_info().rss - rss_before) / 2**20
+    print(f"64 clients in {took:.1f} s; server RSS growth {growth:.0f} MiB")
+    assert growth < 512
+
+
+def test_streamed_choices_carry_their_index(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Two."}],
+            max_tokens=8,
+            temperature=1.0,
+            seed=1,
+            n=2,
+            stream=True,
+        )
+    )
+    texts = {0: "", 1: ""}
+    ends = {}
+    for chunk in chunks:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        if choice.finish_reason:
+            ends[choice.index] = choice.finish_reason
+    assert ends == {0: "length", 1: "length"}
+    whole = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Two."}],
+        max_tokens=8,
+        temperature=1.0,
+        seed=1,
+        n=2,
+    )
+    assert [c.message.content for c in whole.choices] == [texts[0], texts[1]]

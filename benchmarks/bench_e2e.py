@@ -1,11 +1,13 @@
 """End-to-end generated tokens/s of ``guidedec.LLM``: unguided vs guided by a JSON schema, the
 guided engine building its masks after the forward ("sequential") or while it runs
-("overlapped", the default); against ``transformers`` ``model.generate`` running guidedec's
+("overlapped", the default), and overlapped with ``jump_forward=True`` ("jump-forward": the
+grammar's forced tokens proposed as drafts; a second engine with the same weights); against
+``transformers`` ``model.generate`` running guidedec's
 ``GuidedLogitsProcessor`` on a left-padded batch of the same prompts, same weights and same
 tokens per request ("transformers"); and the peak RSS of a guided batch with the batched runner
 against the per-sequence runner (fresh processes, ``--rss-batch``).
 
-One ``tiny-random`` engine serves all three modes, on the same prompts, with the same seeded
+One ``tiny-random`` engine serves the other engine modes, on the same prompts, with the same seeded
 sampling (temperature 1). Every request generates exactly ``--tokens`` tokens in every mode
 (asserted):
 the guide is an array of at least ``tokens + 1`` objects of ``examples/person.schema.json``,
@@ -43,8 +45,9 @@ from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bench.text import plain
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
-MODES = ("unguided", "sequential", "overlapped", "transformers")
-GUIDED_MODES = MODES[1:3]  # the engine's
+MODES = ("unguided", "sequential", "overlapped", "jump-forward", "transformers")
+GUIDED_MODES = MODES[1:4]  # the engine's
+TARGET_JUMP = 1.1  # jump-forward guided tokens/s over unguided, batch 8
 TARGET_RATIO = 0.95  # overlapped guided tokens/s over unguided, at every batch of TARGET_BATCHES
 TARGET_BATCHES = (8, 32)
 TARGET_SCALING = {8: 4.0, 32: 6.0}  # overlapped guided tokens/s at batch b over batch 1
@@ -60,6 +63,7 @@ class Sample:
     seconds: float  # wall clock
     cpu_s: float  # this process's CPU time (all threads): less sensitive to other load
     guide_s: float
+    forced: tuple[int, int] = (0, 0)  # forced draft tokens proposed, accepted (jump-forward)
 
     @property
     def tokens_per_s(self) -> float:
@@ -95,6 +99,7 @@ def make_params(
 def measure(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> Sample:
     """Run one batch; every request must have generated exactly ``max_tokens`` tokens."""
     guide_before = llm.stats.guide_s
+    forced_before = (llm.stats.forced_draft_tokens, llm.stats.accepted_forced_tokens)
     start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params)
     seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
@@ -105,11 +110,15 @@ def measure(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> Sampl
                 f"request {out.request_id} ended with {out.finish_reason} after "
                 f"{len(out.token_ids)} of {wanted} tokens ({out.error}): change --seed"
             )
-    return Sample(len(outputs) * wanted, seconds, cpu_s, llm.stats.guide_s - guide_before)
+    forced = (
+        llm.stats.forced_draft_tokens - forced_before[0],
+        llm.stats.accepted_forced_tokens - forced_before[1],
+    )
+    return Sample(len(outputs) * wanted, seconds, cpu_s, llm.stats.guide_s - guide_before, forced)
 
 
 def run_rounds(
-    llm: LLM, args: argparse.Namespace, guide: GuidedDecodingParams
+    llm: LLM, jumper: LLM, args: argparse.Namespace, guide: GuidedDecodingParams
 ) -> dict[int, dict[str, list[Sample]]]:
     """``args.repeats`` rounds; in each, every batch size runs every mode, the order rotating."""
     prompts = [f"Record {i}: a person, as JSON." for i in range(max(args.batches))]
@@ -124,17 +133,19 @@ def run_rounds(
                     )
                     samples[batch][mode].append(Sample(*counts, guide_s=0.0))
                     continue
-                llm.overlap = mode == "overlapped"
+                engine = jumper if mode == "jump-forward" else llm
+                engine.overlap = mode != "sequential"
                 params = make_params(mode, batch, args.tokens, guide, args.seed)
-                samples[batch][mode].append(measure(llm, prompts[:batch], params))
+                samples[batch][mode].append(measure(engine, prompts[:batch], params))
     return samples
 
 
-def warm_up(llm: LLM, guide: GuidedDecodingParams, batch: int, seed: int) -> None:
+def warm_up(llm: LLM, jumper: LLM, guide: GuidedDecodingParams, batch: int, seed: int) -> None:
     """Compile the guide and warm the model up in every mode (not timed)."""
     prompts = [f"Warm-up {i}" for i in range(batch)]
     for mode in MODES[:3]:
         llm.generate(prompts, make_params(mode, batch, 4, guide, seed))
+    jumper.generate(prompts, make_params("jump-forward", batch, 4, guide, seed))
     transformers_generate(llm, prompts, 4, guide, seed)
 
 
@@ -154,6 +165,9 @@ def summarize(batch: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
             g.tokens_per_cpu_s / u.tokens_per_cpu_s for g, u in pairs
         )
         row[f"{mode}_overhead_pct"] = statistics.median(100 * s.guide_s / s.seconds for s in guided)
+    jumped = samples["jump-forward"]
+    row["forced_proposed"] = sum(s.forced[0] for s in jumped)
+    row["forced_accepted"] = sum(s.forced[1] for s in jumped)
     hf = samples["transformers"]
     row["transformers_tokens_per_s"] = statistics.median(s.tokens_per_s for s in hf)
     row["overlapped_vs_transformers"] = statistics.median(
@@ -166,17 +180,20 @@ def summarize(batch: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| batch | tokens per run | unguided tok/s | guided tok/s, sequential | guided tok/s, "
-        "overlapped | transformers + processor tok/s | sequential / unguided | overlapped / "
-        "unguided | overlapped / transformers | overlapped vs batch 1 | guided overhead "
+        "overlapped | guided tok/s, jump-forward | transformers + processor tok/s | "
+        "sequential / unguided | overlapped / unguided | jump-forward / unguided | forced "
+        "tokens accepted | overlapped / transformers | overlapped vs batch 1 | guided overhead "
         "(sequential / overlapped) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['batch']} | {r['tokens']} | {r['unguided_tokens_per_s']:.1f} "
             f"| {r['sequential_tokens_per_s']:.1f} | {r['overlapped_tokens_per_s']:.1f} "
-            f"| {r['transformers_tokens_per_s']:.1f} "
+            f"| {r['jump-forward_tokens_per_s']:.1f} | {r['transformers_tokens_per_s']:.1f} "
             f"| {r['sequential_ratio']:.3f}x | {r['overlapped_ratio']:.3f}x "
+            f"| {r['jump-forward_ratio']:.3f}x "
+            f"| {r['forced_accepted']} of {r['forced_proposed']} "
             f"| {r['overlapped_vs_transformers']:.2f}x | {_scaling(rows, r)} "
             f"| {r['sequential_overhead_pct']:.1f}% / {r['overlapped_overhead_pct']:.1f}% |"
         )
@@ -222,6 +239,13 @@ def target_lines(rows: list[dict[str, Any]], rss: dict[str, int] | None) -> str:
                 f"target: guided tok/s at batch {batch} >= {TARGET_SCALING[batch]:.0f}x batch 1: "
                 f"{grown:.2f}x, {verdict(grown >= TARGET_SCALING[batch])}"
             )
+    row = by_batch.get(8)
+    if row is not None:
+        jump = row["jump-forward_ratio"]
+        lines.append(
+            f"target: guided with jump-forward >= {TARGET_JUMP:.1f}x unguided at batch 8: "
+            f"{jump:.3f}x, {verdict(jump >= TARGET_JUMP)}"
+        )
     if rss is not None:
         ratio = rss["batched"] / rss["per-sequence"]
         lines.append(
@@ -253,11 +277,15 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     llm = LLM("tiny-random", backend=args.backend, max_num_seqs=max(args.batches))
+    jumper = LLM(
+        "tiny-random", backend=args.backend, max_num_seqs=max(args.batches), jump_forward=True
+    )
     guide = GuidedDecodingParams(json_schema=bench_schema(args.tokens))
-    warm_up(llm, guide, max(args.batches), args.seed)
-    samples = run_rounds(llm, args, guide)
+    warm_up(llm, jumper, guide, max(args.batches), args.seed)
+    samples = run_rounds(llm, jumper, args, guide)
     rows = [summarize(batch, samples[batch]) for batch in args.batches]
     llm.close()
+    jumper.close()
     rss = (
         peak_rss_kib(args.rss_batch, args.tokens, bench_schema(args.tokens))
         if args.rss_batch

@@ -1,9 +1,9 @@
 """``guidedec bench``: the measuring instruments behind one command.
 
 ``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``disk-cache``,
-``e2e``, ``fill`` and ``robustness`` run the scripts of the same names in the source checkout's
-``benchmarks/`` folder (they are developer tools that compare against other libraries, so they
-are not installed with the package).
+``e2e``, ``fill``, ``jump-forward`` and ``robustness`` run the scripts of the same names in the
+source checkout's ``benchmarks/`` folder (they are developer tools that compare against other
+libraries, so they are not installed with the package).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ SCRIPTS = {
     "disk-cache": "bench_disk_cache.py",
     "e2e": "bench_e2e.py",
     "fill": "bench_fill.py",
+    "jump-forward": "bench_jump_forward.py",
     "robustness": "bench_robustness.py",
 }
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -36,7 +37,7 @@ def add_bench(commands: Any) -> None:
     run = commands.add_parser(
         "bench",
         help="run a benchmark (compliance, apply, closing, decoder, disk-cache, e2e, fill, "
-        "robustness)",
+        "jump-forward, robustness)",
         description=plain(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -8,7 +8,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-NAMES = ("compliance", "apply", "decoder", "fill", "e2e", "closing", "robustness")
+NAMES = (
+    "compliance",
+    "apply",
+    "decoder",
+    "fill",
+    "e2e",
+    "closing",
+    "robustness",
+    "jump-forward",
+)
 
 
 class ReadmeError(ValueError):

@@ -21,7 +21,7 @@ from guidedec import LLM
 from guidedec.server import create_app
 from guidedec.server.app import DEFAULT_CHAT_TOKENS
 from guidedec.server.protocol import UNSUPPORTED
-from test_server import PERSON, TIME_TOOL, WEATHER_TOOL, free_port
+from test_server import PERSON, TAG, TIME_TOOL, WEATHER_TOOL, free_port
 
 KEY = "sk-test-key"
 MODEL = "tiny-random"
@@ -164,21 +164,12 @@ def test_two_guides_in_one_request_are_refused(server: str) -> None:
 
 
 def test_response_format_structural_tag(client: openai.OpenAI) -> None:
-    tag = {
-        "type": "structural_tag",
-        "format": {
-            "type": "tag",
-            "begin": "<a>",
-            "content": {"type": "json_schema", "json_schema": {"enum": ["x", "y"]}},
-            "end": "</a>",
-        },
-    }
     out = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Tag it."}],
         max_tokens=20,
         temperature=0,
-        response_format=tag,  # type: ignore[arg-type]
+        response_format=TAG,  # type: ignore[arg-type]
     )
     assert out.choices[0].message.content in ('<a>"x"</a>', '<a>"y"</a>')
 

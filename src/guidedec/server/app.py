@@ -302,8 +302,7 @@ class _Api:
                 **guidedec_fields(output),
             }
             if body.logprobs is not None and output.logprobs is not None:
-                kept = _logprobs_of_text(output)
-                row["logprobs"] = completion_logprobs(kept, self.llm.tokenizer)
+                row["logprobs"] = completion_logprobs(output.logprobs, self.llm.tokenizer)
             rows.append(row)
         return {**shape.wrap(shape.kind, rows), "usage": usage(outputs, sum(lengths))}
 
@@ -336,7 +335,7 @@ class _Api:
                 **guidedec_fields(output),
             }
             if body.logprobs and output.logprobs is not None:
-                row["logprobs"] = chat_logprobs(_logprobs_of_text(output), self.llm.tokenizer)
+                row["logprobs"] = chat_logprobs(output.logprobs, self.llm.tokenizer)
             rows.append(row)
         return {**shape.wrap(shape.kind, rows), "usage": usage(outputs, len(prompt_ids))}
 
@@ -471,6 +470,16 @@ class _Api:
             self.metrics.record(output)
         return outputs
 
+    def _ended(
+        self, row: dict[str, Any], output: RequestOutput | None, outputs: list[RequestOutput]
+    ) -> dict[str, Any]:
+        """A stream chunk's choice, with the guidedec fields of the output it ends, if any."""
+        if output is not None:
+            row.update(guidedec_fields(output))
+            outputs.append(output)
+            self.metrics.record(output)
+        return row
+
     async def _stream_completion(
         self,
         choices: Sequence[Choice],
@@ -483,7 +492,7 @@ class _Api:
         if body.echo:
             for c in choices:
                 yield shape.chunk(_completion_choice(c.index, echoes[c.prompt_index], None))
-        outputs = []
+        outputs: list[RequestOutput] = []
         async for choice, delta in merged(self.engine, choices):
             output = delta.output
             final = None if output is None else output.text
@@ -494,11 +503,7 @@ class _Api:
             row = _completion_choice(choice.index, piece, reason)
             if body.logprobs is not None and delta.logprobs:
                 row["logprobs"] = completion_logprobs(delta.logprobs, self.llm.tokenizer)
-            if output is not None:
-                row.update(guidedec_fields(output))
-                outputs.append(output)
-                self.metrics.record(output)
-            yield shape.chunk(row)
+            yield shape.chunk(self._ended(row, output, outputs))
         if shape.include_usage:
             yield shape.usage_chunk(outputs, prompt_tokens)
 
@@ -520,7 +525,7 @@ class _Api:
             for c in choices
         }
         calls = {c.index: ToolCallStream(_named_tool(tools)) for c in choices} if tools else {}
-        outputs = []
+        outputs: list[RequestOutput] = []
         async for choice, delta in merged(self.engine, choices):
             output = delta.output
             stream = texts[choice.index]
@@ -540,11 +545,7 @@ class _Api:
             row = _chat_choice(choice.index, message, reason)
             if body.logprobs and delta.logprobs:
                 row["logprobs"] = chat_logprobs(delta.logprobs, self.llm.tokenizer)
-            if output is not None:
-                row.update(guidedec_fields(output))
-                outputs.append(output)
-                self.metrics.record(output)
-            yield shape.chunk(row)
+            yield shape.chunk(self._ended(row, output, outputs))
         if shape.include_usage:
             yield shape.usage_chunk(outputs, prompt_tokens)
 
@@ -569,13 +570,6 @@ def _completion_choice(index: int, text: str, reason: str | None) -> dict[str, A
 
 def _chat_choice(index: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-
-
-def _logprobs_of_text(output: RequestOutput) -> list[Any]:
-    """The log-probabilities of the tokens whose text the output keeps (a stop string cuts
-    the text: the tokens from the one that completed it on are left out)."""
-    assert output.logprobs is not None
-    return output.logprobs
 
 
 def _chat_message(output: RequestOutput, tools: Any) -> tuple[dict[str, Any], str]:

@@ -68,9 +68,7 @@ def guide_for_request(
     }
     for name, value in (top_level or {}).items():
         if value is not None:
-            key = TOP_LEVEL_GUIDES[name]
-            guide: Any = _structured_value(key, value, name)
-            guides[name] = GuidedDecodingParams(**{_RENAMED.get(key, key): guide})
+            guides[name] = _structured_guide(TOP_LEVEL_GUIDES[name], value, name)
     given = [(name, guide) for name, guide in guides.items() if guide is not None]
     if len(given) > 1:
         names = " and ".join(name for name, _ in given)
@@ -153,11 +151,11 @@ def _from_structured_outputs(so: Mapping[str, Any] | None) -> GuidedDecodingPara
     given = [k for k in _STRUCTURED_KEYS if so.get(k) is not None and so.get(k) is not False]
     if len(given) != 1:
         raise _error("structured_outputs", f"needs exactly one of {_STRUCTURED_KEYS}: {given}")
-    return _structured_guide(given[0], so[given[0]])
+    return _structured_guide(given[0], so[given[0]], f"structured_outputs.{given[0]}")
 
 
-def _structured_guide(key: str, value: Any) -> GuidedDecodingParams:
-    guide: Any = _structured_value(key, value, f"structured_outputs.{key}")
+def _structured_guide(key: str, value: Any, path: str) -> GuidedDecodingParams:
+    guide: Any = _structured_value(key, value, path)
     return GuidedDecodingParams(**{_RENAMED.get(key, key): guide})
 
 

@@ -159,3 +159,43 @@ def test_a_sliding_window_model_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="needs full-attention layers only"):
         BatchedModelRunner(loaded, max_num_seqs=1)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_rows_without_logits_are_zeros_and_the_others_unchanged(
+    model64: LoadedModel, seed: int
+) -> None:
+    """``no_logits`` rows come back as zeros; every other row is the one a full forward gives,
+    and the KV caches stay the same (the positions are fed all the same)."""
+    rng = random.Random(seed)
+    full = BatchedModelRunner(model64, max_num_seqs=SLOTS)
+    skipping = BatchedModelRunner(model64, max_num_seqs=SLOTS)
+    for _ in range(4):
+        inputs = _step_inputs(rng, [full.num_cached(s) for s in range(SLOTS)])
+        skipped = [
+            ForwardInput(
+                i.slot,
+                i.token_ids,
+                i.num_logits,
+                tuple(j for j in range(i.num_logits) if rng.random() < 0.5),
+            )
+            for i in inputs
+        ]
+        expected, actual = full.forward(inputs), skipping.forward(skipped)
+        row = 0
+        for item in skipped:
+            for j in range(item.num_logits):
+                if j in item.no_logits:
+                    assert not actual[row + j].any()
+                else:
+                    torch.testing.assert_close(
+                        actual[row + j], expected[row + j], rtol=0, atol=1e-12
+                    )
+            row += item.num_logits
+    for slot in range(SLOTS):
+        assert full.num_cached(slot) == skipping.num_cached(slot)
+    with pytest.raises(ValueError, match="no_logits"):
+        full.forward([ForwardInput(0, [1, 2], 2, (2,))])

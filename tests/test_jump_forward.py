@@ -171,3 +171,41 @@ def test_verified_drafts_keep_what_closing_learned() -> None:
             assert llm.stats.accepted_forced_tokens < llm.stats.forced_draft_tokens  # rollbacks
         llm.close()
     assert no_fit[True] == no_fit[False] == 4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_forced_rows_skip_the_lm_head_and_change_nothing(
+    temperature: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verification row whose mask allows one token gets no logits (llguidance narrows forced
+    text to the tokenizer's own split): the outputs, sampled or greedy, and their
+    log-probabilities are those of a run that computes every row."""
+    guides: list[GuidedDecodingParams | None] = [GUIDES["json"], GUIDES["choice"], None]
+    params = [
+        SamplingParams(
+            max_tokens=60, temperature=temperature, seed=i, logprobs=2, guided_decoding=g
+        )
+        for i, g in enumerate(guides)
+    ]
+    runs = {}
+    for skip in (True, False):
+        llm = LLM(
+            "tiny-random",
+            backend="llguidance",
+            max_num_seqs=3,
+            dtype=torch.float64,
+            json_whitespace="compact",
+            jump_forward=True,
+            isolate_compiles=False,
+        )
+        if not skip:
+            monkeypatch.setattr(llm.decoder, "single_token_rows", lambda rows: [])
+        outputs = llm.generate([f"Record {i}:" for i in range(3)], params)
+        runs[skip] = (
+            [o.token_ids for o in outputs],
+            [[(e.token_id, round(e.logprob, 9)) for e in o.logprobs or []] for o in outputs],
+            llm.stats.rows_without_logits,
+        )
+        llm.close()
+    assert runs[True][:2] == runs[False][:2]
+    assert runs[True][2] > 0 and runs[False][2] == 0

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from guidedec.bitmask import (
@@ -518,6 +519,17 @@ class BaseGuidedDecoder:
                 self._num_verifiable_tokens[slot] = position + 1
         self.stats.rows_filled += self.num_guided_tokens[slot]
         return False
+
+    def single_token_rows(self, rows: Sequence[int]) -> list[int]:
+        """Those of ``rows`` whose mask, filled by the last build, allows exactly one token:
+        their logits decide nothing (greedy and sampling both take that token), so a forward
+        may leave them out (see :attr:`guidedec.engine.runner.ForwardInput.no_logits`)."""
+        words = self.bitmask_host.numpy().view(np.uint32)
+        return [
+            row
+            for row in rows
+            if self._token_mask_np[row] and int(np.bitwise_count(words[row]).sum()) == 1
+        ]
 
     def take_sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
         """Hand over the masks of the given rows of this batch that the last build filled and

@@ -50,6 +50,18 @@ class PackedBatch:
     groups: tuple[AttentionGroup, ...]
 
 
+def _with_zero_rows(logits: torch.Tensor, inputs: Sequence[ForwardInput]) -> torch.Tensor:
+    """The ``[sum(num_logits), vocab]`` logits from the rows computed, zeros where the inputs
+    asked for none (``no_logits``)."""
+    kept, row = [], 0
+    for item in inputs:
+        kept += [row + j for j in range(item.num_logits) if j not in item.no_logits]
+        row += item.num_logits
+    full = logits.new_zeros(row, logits.shape[-1])
+    full[torch.tensor(kept, dtype=torch.long, device=logits.device)] = logits
+    return full
+
+
 def pack_inputs(
     inputs: Sequence[ForwardInput],
     starts: Sequence[int],
@@ -70,7 +82,8 @@ def pack_inputs(
         ids += item.token_ids
         positions += range(start, start + n)
         slots += [item.slot] * n
-        keep += range(offset + n - item.num_logits, offset + n)
+        row0 = offset + n - item.num_logits
+        keep += [row0 + j for j in range(item.num_logits) if j not in item.no_logits]
         by_length.setdefault(n, []).append(i)
         offset += n
     offsets = [0]
@@ -180,6 +193,8 @@ class BatchedModelRunner(SlotRunner):
         logits = self.forward_packed(batch)
         for item in inputs:
             self.advance(item.slot, len(item.token_ids))
+        if any(item.no_logits for item in inputs):
+            return _with_zero_rows(logits, inputs)
         return logits
 
     def _crop(self, slot: int, length: int) -> None:

@@ -24,6 +24,7 @@ plain ``GuidedDecoder``. On the CPU a "replay" calls the captured function again
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -207,8 +208,15 @@ class EngineCore:
         """Forward, then build (or finish the overlapped build), copy and apply: the logits,
         the failed requests, the sparse rows left unmasked (see :meth:`_take_sparse_rows`), and
         the times the forward and the guide ended."""
-        pending = None
-        if decoder is not None and self.overlap and self.model.device.type == "cpu":
+        cpu = self.model.device.type == "cpu"
+        built, pending = None, None
+        if decoder is not None and cpu and any(_verifies(s) for s in batch):
+            # The masks first: a verification row its guide narrows to one token (text the
+            # grammar forces) needs no logits, and on the CPU its lm_head row costs about what
+            # a step costs.
+            built = _timed_build(decoder)
+            inputs = self._without_forced_logits(batch, inputs, decoder)
+        elif decoder is not None and self.overlap and cpu:
             pending = self._builder.submit(_timed_build, decoder)
         logits = self.runner.forward(inputs)
         t1 = time.perf_counter()
@@ -216,13 +224,30 @@ class EngineCore:
             return logits, {}, {}, t1, t1
         # On a CUDA device the forward above only enqueued its kernels: this build runs
         # while they do (the wait measured here is host time, an upper bound).
-        build, build_s = pending.result() if pending else _timed_build(decoder)
+        build, build_s = built or (pending.result() if pending else _timed_build(decoder))
         ready = time.perf_counter()
         sparse = self._take_sparse_rows(batch, decoder, logits)
         decoder.copy_and_apply(logits)
         t2 = time.perf_counter()
         self._record_step(StepTimes(build_s, ready - t1, t2 - ready))
         return logits, dict(build), sparse, t1, t2
+
+    def _without_forced_logits(
+        self, batch: list[Scheduled], inputs: list[ForwardInput], decoder: GuidedDecoder
+    ) -> list[ForwardInput]:
+        """``inputs`` with ``no_logits`` set to the verification rows whose mask, just built,
+        allows one token (the sampled or greedy token there is that one, whatever the logits)."""
+        out, row = [], 0
+        for s, item in zip(batch, inputs, strict=True):
+            if _verifies(s):
+                rows = range(row, row + item.num_logits)
+                single = tuple(r - row for r in decoder.single_token_rows(rows))
+                if single:
+                    item = dataclasses.replace(item, no_logits=single)
+                    self.stats.rows_without_logits += len(single)
+            out.append(item)
+            row += item.num_logits
+        return out
 
     def _take_sparse_rows(
         self, batch: list[Scheduled], decoder: GuidedDecoder, logits: torch.Tensor
@@ -626,6 +651,11 @@ def _draws_one(s: Scheduled) -> bool:
     no drafts: its last prompt chunk, or a decode step without drafts."""
     takes_one = s.is_last_chunk if s.is_prefill else len(s.token_ids) == 1
     return takes_one and not s.request.params.is_greedy
+
+
+def _verifies(s: Scheduled) -> bool:
+    """Whether the step verifies drafts of the request: rows for its new token and each draft."""
+    return not s.is_prefill and len(s.token_ids) > 1
 
 
 def _snapshot(s: Scheduled, max_model_len: int) -> GuidedRequest:

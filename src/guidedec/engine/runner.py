@@ -35,11 +35,15 @@ class ForwardInput:
         token_ids: The new tokens (at least one).
         num_logits: Return logits for the last ``num_logits`` of these positions, in
             ``[1, len(token_ids)]``: 1 for prefill or decode, ``k + 1`` to verify ``k`` drafts.
+        no_logits: Rows of those (``0 <= j < num_logits``) whose logits the caller will not
+            read (a row its guide narrows to one token); a runner may skip their ``lm_head``
+            and return zeros there.
     """
 
     slot: int
     token_ids: Sequence[int]
     num_logits: int = 1
+    no_logits: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,10 @@ class SlotRunner(ABC):
             raise ValueError(
                 f"slot {item.slot}: num_logits={item.num_logits} is outside [1, {n}] "
                 f"(the number of tokens fed)"
+            )
+        if any(not 0 <= j < item.num_logits for j in item.no_logits):
+            raise ValueError(
+                f"slot {item.slot}: no_logits {item.no_logits} outside [0, {item.num_logits})"
             )
         total = self._lengths[item.slot] + n
         if total > self.max_len:

@@ -39,4 +39,5 @@ class EngineStats:
     accepted_draft_tokens: int = 0
     forced_draft_tokens: int = 0  # drafts jump-forward proposed (tokens the grammar forced)
     accepted_forced_tokens: int = 0  # of them, accepted by verification
+    rows_without_logits: int = 0  # verification rows whose mask allowed one token: no lm_head
     invalid_outputs: int = 0  # complete outputs that broke their JSON schema (grammar_error)

@@ -292,3 +292,26 @@ def test_stop_strings_and_a_reasoning_model_from_the_command_line(
     assert re.fullmatch("[0-9]{3}", record["text"]) and record["finish_reason"] == "stop"
     assert record["reasoning"] and 128822 in record["token_ids"]  # </think>
     assert record["token_ids"].index(128822) == 5
+
+
+def test_export_model_writes_a_folder_that_loads_as_the_same_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """transformers loads the folder offline: the same tokens and, float32, the same logits."""
+    import torch
+    import transformers
+
+    from guidedec.engine.model import load_model
+
+    status, out, err = run_cli(capsys, "export-model", "tiny-random", str(tmp_path / "m"))
+    assert status == 0, err
+    assert "wrote tiny-random" in out
+    original = load_model("tiny-random")
+    exported = load_model(str(tmp_path / "m"))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "m")
+    text = 'A person: {"name": "Ada"} <think>'
+    assert hf.encode(text) == original.tokenizer.hf_tokenizer.encode(text)
+    assert exported.tokenizer.vocab_size == original.tokenizer.vocab_size
+    ids = torch.tensor([original.tokenizer.encode(text)])
+    with torch.no_grad():
+        assert torch.equal(original.model(ids).logits, exported.model(ids).logits)

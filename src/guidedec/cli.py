@@ -378,6 +378,27 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def export_model(args: argparse.Namespace) -> int:
+    """Write a model (tiny-random by default) and its tokenizer as a Hugging Face folder, for
+    transformers or vLLM to load offline."""
+    from guidedec.engine.model import export_model as export
+
+    try:
+        folder = export(args.model, args.folder, seed=args.seed)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot export {args.model!r}: {exc}") from exc
+    print(f"wrote {args.model} (seed {args.seed}) to {folder}")
+    return 0
+
+
+def _add_export_model(commands: Any) -> None:
+    run = commands.add_parser("export-model", help=export_model.__doc__)
+    run.add_argument("model", help="tiny-random, tiny-random-draft, or a model folder")
+    run.add_argument("folder", help="where to write it")
+    run.add_argument("--seed", type=int, default=0, help="the tiny models' weight seed")
+    run.set_defaults(func=export_model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guidedec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -385,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     add_bench(commands)
     _add_demo(commands)
+    _add_export_model(commands)
     return parser
 
 

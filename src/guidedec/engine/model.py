@@ -97,6 +97,18 @@ def load_model(
     return LoadedModel(name, model, tokenizer, max_len, torch_device, torch_dtype)
 
 
+def export_model(name: str, folder: str | Path, *, seed: int = 0) -> Path:
+    """Write ``name`` (``"tiny-random"``, ``"tiny-random-draft"``, or any model
+    :func:`load_model` takes) with its tokenizer as a Hugging Face folder, which transformers
+    and vLLM load offline: the same weights, float32, and the same tokens."""
+    loaded = load_model(name, seed=seed)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    cast(Any, loaded.model).save_pretrained(out)
+    loaded.tokenizer.hf_tokenizer.save_pretrained(out)
+    return out
+
+
 def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
     """``dtype`` as a floating-point ``torch.dtype``; ``None`` means ``torch.float32``."""
     if dtype is None:

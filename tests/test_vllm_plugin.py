@@ -1,0 +1,159 @@
+"""guidedec inside a real vLLM (``make test-vllm``, in ``.venv-vllm``): the logits processor on
+``tiny-random`` exported as a Hugging Face folder, against guidedec's own engine on the same
+weights. Skipped where vLLM is not installed (the main ``.venv``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+import guidedec  # noqa: E402
+from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
+from guidedec.engine.model import export_model  # noqa: E402
+from guidedec.integrations.vllm import GuidedLogitsProcessor  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+GUIDES: dict[str, tuple[dict[str, Any], Any]] = {
+    "json_schema": (
+        {"json_schema": PERSON},
+        lambda t: jsonschema.validate(json.loads(t), PERSON) is None,
+    ),
+    "regex": ({"regex": "(yes|no)-[0-9]{2}"}, lambda t: re.fullmatch("(yes|no)-[0-9]{2}", t)),
+    "choice": ({"choice": ["north", "south west"]}, lambda t: t in ("north", "south west")),
+    "ebnf": (
+        {"ebnf": 'root ::= "(" [a-c] [a-c]? ")"'},
+        lambda t: re.fullmatch(r"\([a-c]{1,2}\)", t),
+    ),
+    "lark": ({"lark": 'start: "<" /[0-9]{1,3}/ ">"'}, lambda t: re.fullmatch("<[0-9]{1,3}>", t)),
+}
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_model("tiny-random", tmp_path_factory.mktemp("tiny") / "tiny-random")
+
+
+PROMPTS = ["Answer:", "Another:"]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> dict[str, list[tuple[list[int], str]]]:
+    """guidedec's own engine on the same weights, greedy, run before vLLM starts (vLLM's CPU
+    worker keeps its cores busy while it lives)."""
+    ours = guidedec.LLM(
+        str(model_dir), max_num_seqs=4, json_whitespace="compact", isolate_compiles=False
+    )
+    outputs = {}
+    for name, (guide, _) in sorted(GUIDES.items()):
+        params = SamplingParams(
+            max_tokens=MAX_TOKENS,
+            guided_decoding=GuidedDecodingParams(**guide),
+            close_within_budget=False,
+        )
+        outputs[name] = [(o.token_ids, o.finish_reason) for o in ours.generate(PROMPTS, params)]
+    outputs["stops"] = [(list(ours.tokenizer.stop_token_ids), "")]
+    ours.close()
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, reference: dict[str, Any]) -> Iterator[Any]:
+    llm = vllm.LLM(
+        str(model_dir),
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=4,
+        enforce_eager=True,
+        kv_cache_memory_bytes=1 << 30,  # the default takes most of the machine's memory
+        seed=0,
+        logits_processors=[GuidedLogitsProcessor],
+    )
+    yield llm
+    del llm
+
+
+def _params(guide: dict[str, Any] | None, max_tokens: int = MAX_TOKENS) -> Any:
+    extra = None if guide is None else {"guidedec": guide}
+    return vllm.SamplingParams(max_tokens=max_tokens, temperature=0, extra_args=extra)
+
+
+def _texts(engine: Any, prompts: list[str], params: Any) -> list[Any]:
+    return [out.outputs[0] for out in engine.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("name", sorted(GUIDES))
+def test_each_guide_type_ends_valid(engine: Any, name: str) -> None:
+    guide, check = GUIDES[name]
+    for out in _texts(engine, ["Answer:", "Another:", "Third:"], _params(guide)):
+        assert out.finish_reason == "stop", out
+        assert check(out.text), out.text
+
+
+def test_a_bad_guide_is_refused_before_it_is_queued(engine: Any) -> None:
+    """vLLM turns the processor's ``ValueError`` into its validation error (HTTP 400 served);
+    the engine goes on."""
+    refused = (ValueError, vllm.exceptions.VLLMValidationError)
+    with pytest.raises(refused, match=r"invalid guide.*unterminated character class"):
+        engine.generate(["x"], _params({"regex": "[unclosed"}), use_tqdm=False)
+    with pytest.raises(refused, match="close_within_budget"):
+        engine.generate(["x"], _params({"regex": "a", "close_within_budget": True}))
+    with pytest.raises(refused, match="unexpected keyword"):
+        engine.generate(["x"], _params({"regexp": "a"}))
+    assert _texts(engine, ["x"], _params({"regex": "a+b"}))[0].finish_reason == "stop"
+
+
+def test_requests_join_and_leave_mid_batch(engine: Any) -> None:
+    """Ten requests through four slots, budgets apart, guided and not, in one call: each ends
+    as it does alone."""
+    names = sorted(GUIDES)
+    requests = [
+        (f"Request {i}:", None if i % 3 == 2 else GUIDES[names[i % len(names)]][0], 6 + 3 * i)
+        for i in range(10)
+    ]
+    together = engine.generate(
+        [p for p, _, _ in requests], [_params(g, m) for _, g, m in requests], use_tqdm=False
+    )
+    for (prompt, guide, budget), out in zip(requests, together, strict=True):
+        alone = _texts(engine, [prompt], _params(guide, budget))[0]
+        assert out.outputs[0].token_ids == alone.token_ids, prompt
+
+
+def test_greedy_outputs_are_those_of_guidedecs_engine(
+    engine: Any, reference: dict[str, list[tuple[list[int], str]]]
+) -> None:
+    """The same weights, float32, greedy, every guide type: the same tokens."""
+    stops = set(reference["stops"][0][0])
+    for name, (guide, _) in sorted(GUIDES.items()):
+        theirs = _texts(engine, PROMPTS, _params(guide))
+        # vLLM keeps the stop token in token_ids; guidedec leaves it out.
+        kept = [([t for t in out.token_ids if t not in stops], out.finish_reason) for out in theirs]
+        assert kept == reference[name], name
+
+
+def test_vllms_own_guided_path_still_works_beside_it(engine: Any) -> None:
+    """guidedec's xgrammar and llguidance are newer than vLLM's pins: vLLM's own structured
+    outputs (its xgrammar backend) still give valid outputs in this environment."""
+    params = vllm.SamplingParams(
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        structured_outputs=vllm.sampling_params.StructuredOutputsParams(regex="(yes|no)-[0-9]{2}"),
+    )
+    for out in _texts(engine, PROMPTS, params):
+        assert out.finish_reason == "stop" and re.fullmatch("(yes|no)-[0-9]{2}", out.text)

@@ -157,3 +157,50 @@ def test_vllms_own_guided_path_still_works_beside_it(engine: Any) -> None:
     )
     for out in _texts(engine, PROMPTS, params):
         assert out.finish_reason == "stop" and re.fullmatch("(yes|no)-[0-9]{2}", out.text)
+
+
+def test_served_by_vllms_openai_server(model_dir: Path) -> None:
+    """``vllm serve`` with the processor: the guide in ``vllm_xargs`` (a JSON string), a bad one
+    answered 400 by vLLM's server."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
+            *("--model", str(model_dir), "--port", str(port), "--max-model-len", "1024"),
+            *("--kv-cache-memory-bytes", str(1 << 30)),
+            *("--logits-processors", "guidedec.integrations.vllm:GuidedLogitsProcessor"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, "vLLM's server exited"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "vLLM's server did not start"
+            time.sleep(1)
+        body = {"model": str(model_dir), "prompt": "Code:", "max_tokens": 10, "temperature": 0}
+        guide = {"vllm_xargs": {"guidedec": json.dumps({"regex": "[0-9]{3}"})}}
+        done = httpx.post(f"{url}/v1/completions", json={**body, **guide}, timeout=60).json()
+        assert re.fullmatch("[0-9]{3}", done["choices"][0]["text"]), done
+        bad = {"vllm_xargs": {"guidedec": json.dumps({"regex": "[0-9"})}}
+        refused = httpx.post(f"{url}/v1/completions", json={**body, **bad}, timeout=60)
+        assert refused.status_code == 400 and "invalid guide" in refused.json()["error"]["message"]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

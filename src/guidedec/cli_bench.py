@@ -1,9 +1,9 @@
 """``guidedec bench``: the measuring instruments behind one command.
 
 ``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``disk-cache``,
-``e2e``, ``fill``, ``jump-forward`` and ``robustness`` run the scripts of the same names in the
-source checkout's ``benchmarks/`` folder (they are developer tools that compare against other
-libraries, so they are not installed with the package).
+``e2e``, ``fill``, ``jump-forward``, ``robustness`` and ``vllm`` (in ``.venv-vllm``) run the
+scripts of the same names in the source checkout's ``benchmarks/`` folder (they are developer
+tools that compare against other libraries, so they are not installed with the package).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ SCRIPTS = {
     "fill": "bench_fill.py",
     "jump-forward": "bench_jump_forward.py",
     "robustness": "bench_robustness.py",
+    "vllm": "bench_vllm.py",
 }
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -37,7 +38,7 @@ def add_bench(commands: Any) -> None:
     run = commands.add_parser(
         "bench",
         help="run a benchmark (compliance, apply, closing, decoder, disk-cache, e2e, fill, "
-        "jump-forward, robustness)",
+        "jump-forward, robustness, vllm)",
         description=plain(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

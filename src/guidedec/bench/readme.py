@@ -17,6 +17,7 @@ NAMES = (
     "closing",
     "robustness",
     "jump-forward",
+    "vllm",
 )
 
 

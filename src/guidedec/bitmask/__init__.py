@@ -7,6 +7,7 @@ from guidedec.bitmask.layout import (
     allocate_bitmask,
     bitmask_size,
     row_has_valid_token,
+    token_word,
 )
 from guidedec.bitmask.sharding import VocabShard, apply_bitmask_sharded, vocab_shard
 from guidedec.bitmask.sparse import sparse_allowed_tokens
@@ -21,5 +22,6 @@ __all__ = [
     "bitmask_size",
     "row_has_valid_token",
     "sparse_allowed_tokens",
+    "token_word",
     "vocab_shard",
 ]

@@ -21,6 +21,13 @@ BITMASK_DTYPE = torch.int32
 ALL_ALLOWED_WORD = -1  # int32 with every bit set
 
 
+def token_word(token: int) -> int:
+    """The int32 value of the word that allows ``token`` alone within its word (bit
+    ``token % 32``): ``bitmask[row, token // 32] = token_word(token)``."""
+    bit = 1 << (token % BITS_PER_WORD)
+    return bit - (1 << 32) if bit >= 1 << 31 else bit
+
+
 def bitmask_size(vocab_size: int) -> int:
     """Number of int32 words in one bitmask row for ``vocab_size`` tokens: ``ceil(V / 32)``."""
     if vocab_size <= 0:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from guidedec.bitmask.layout import token_word
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.closing import (
@@ -174,9 +175,8 @@ class BudgetCloser:
         state.witness = witness
         if len(witness) > left - MARGIN:
             token = witness[0]
-            bit = 1 << (token & 31)
             words[:] = 0
-            words[token >> 5] = bit - (1 << 32) if bit >= 1 << 31 else bit  # as int32
+            words[token >> 5] = token_word(token)
             self.stats.forced_rows += 1
         # else the model is free; a different token than witness[0] means a new search
 

@@ -48,7 +48,7 @@ import torch
 import transformers
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from guidedec.bitmask import allocate_bitmask, apply_bitmask
+from guidedec.bitmask import allocate_bitmask, apply_bitmask, token_word
 from guidedec.errors import GuidedecError
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
@@ -140,7 +140,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         self.bitmask = allocate_bitmask(vllm_config.scheduler_config.max_num_seqs, self.vocab_size)
         self._stops_only = allocate_bitmask(1, self.vocab_size)
         for token in self.tokenizer.stop_token_ids:
-            self._stops_only[0, token >> 5] |= _bit(token)
+            self._stops_only[0, token >> 5] |= token_word(token)
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-vllm-build")
         self._pending: Future[list[int]] | None = None
 
@@ -211,9 +211,3 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             else:
                 matcher.fill_next_token_bitmask(self.bitmask, index)
         return list(self.rows)
-
-
-def _bit(token: int) -> int:
-    """Bit ``token % 32`` of an int32 word, as the int32 value it has."""
-    bit = 1 << (token & 31)
-    return bit - (1 << 32) if bit >= 1 << 31 else bit

@@ -167,6 +167,26 @@ def test_host_row_checker_agrees_with_row_has_valid_token(
         assert check(0) is False
 
 
+@FAST
+@given(bool_masks(max_rows=3), st.booleans(), st.data())
+def test_host_row_checker_allows_exactly_the_set_bits_below_the_vocabulary(
+    allowed: torch.Tensor, padding_allowed: bool, data: st.DataObject
+) -> None:
+    rows, vocab = allowed.shape
+    bitmask = bool_mask_to_bitmask(allowed, padding_allowed=padding_allowed)
+    check = HostRowChecker(bitmask, vocab)
+    for row in range(rows):
+        for token in range(vocab):
+            assert check.allows(row, token) == bool(allowed[row, token])
+        # Outside the vocabulary nothing is allowed, the padding bits of the last word included.
+        last_padding_bit = max(vocab, (vocab + 31) // 32 * 32 - 1)
+        outside = data.draw(st.sampled_from([-1, vocab, last_padding_bit, 10**6]))
+        assert check.allows(row, outside) is False
+    if rows:  # live reads, as the validity check
+        bitmask[0].zero_()
+        assert not any(check.allows(0, token) for token in range(vocab))
+
+
 def test_host_row_checker_needs_an_int32_host_bitmask() -> None:
     with pytest.raises(ValueError, match="int32"):
         HostRowChecker(torch.zeros(2, 3, dtype=torch.int64), 70)

@@ -93,6 +93,49 @@ def test_rejected_token_leaves_the_state_unchanged(
     assert feed_tokens(matcher, tokenizer.encode(": 1}")) == len(tokenizer.encode(": 1}"))
 
 
+@pytest.mark.parametrize(("params", "valid", "_invalid"), GUIDE_CASES)
+def test_advance_moves_as_accept_token_does(
+    factory: GrammarMatcherFactory,
+    tokenizer: TokenizerInfo,
+    params: GuidedDecodingParams,
+    valid: str,
+    _invalid: str,
+) -> None:
+    """``advance`` (the decoder's accept for a token it cannot go on without) gives the same
+    answers and the same states as ``accept_token``; a rejection is reported (the matcher may
+    be unusable after it, so each rejected probe gets a fresh one)."""
+    checked, unchecked = factory.create(params), factory.create(params)
+    ids = [*tokenizer.encode(valid), tokenizer.eos_token_id]
+    for token in ids:
+        assert torch.equal(
+            next_token_mask(unchecked, tokenizer.vocab_size),
+            next_token_mask(checked, tokenizer.vocab_size),
+        )
+        assert unchecked.advance(token) is checked.accept_token(token) is True
+    assert unchecked.is_terminated() and checked.is_terminated()
+    assert unchecked.advance(ids[0]) is False  # terminated, as accept_token
+    unchecked.rollback(2)  # the stop token and the last text token
+    checked.rollback(2)
+    assert torch.equal(
+        next_token_mask(unchecked, tokenizer.vocab_size),
+        next_token_mask(checked, tokenizer.vocab_size),
+    )
+    middle = tokenizer.encode(valid)[:-1]
+    for prefix in ([], middle):
+        probe = factory.create(params)
+        feed_tokens(probe, prefix)
+        allowed = allowed_token_ids(
+            next_token_mask(probe, tokenizer.vocab_size), tokenizer.vocab_size
+        )
+        rejected = [t for t in range(tokenizer.vocab_size) if t not in allowed][:3]
+        for token in rejected:
+            rejecting = factory.create(params)
+            assert feed_tokens(rejecting, prefix) == len(prefix)
+            assert rejecting.advance(token) is False, token
+    for outside in (-1, tokenizer.vocab_size):
+        assert factory.create(params).advance(outside) is False
+
+
 def test_stop_token_is_allowed_only_when_the_output_is_complete(
     factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
 ) -> None:

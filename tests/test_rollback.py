@@ -407,3 +407,76 @@ def test_draft_logits_over_a_pruned_vocabulary_are_masked_through_d2t(
     )
     assert torch.equal(torch.isfinite(logits[0]), allowed[targets])
     assert torch.isfinite(logits[0, 0]) and torch.isinf(logits[0, 1])
+
+
+class UncheckedMatcher(ScriptedMatcher):
+    """A scripted matcher with an unchecked ``advance``: its rows mask out ``masked`` (so the
+    decoder must not advance by those), and its ``advance`` counts its calls."""
+
+    unchecked_advance = True
+
+    def __init__(self, reject: set[int], masked: set[int]) -> None:
+        super().__init__(reject, dead=set())
+        self.masked, self.advances = masked, 0
+
+    def advance(self, token_id: int) -> bool:
+        self.advances += 1
+        return self.accept_token(token_id)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        super().fill_next_token_bitmask(bitmask, index)
+        for token in self.masked:
+            bitmask[index, token // 32] &= ~(1 << token % 32)
+
+
+class UncheckedFactory(ScriptedFactory):
+    def create(self, params: GuidedDecodingParams) -> UncheckedMatcher:
+        self.made.append(UncheckedMatcher(**self.kwargs))
+        return self.made[-1]
+
+
+def test_a_draft_token_its_row_masks_out_is_not_fed_to_an_unchecked_advance(tokenizer) -> None:
+    factory = UncheckedFactory(reject=set(), masked={55})
+    decoder = make(tokenizer, factory, drafts=3, slots=1)
+    step(decoder, [GuidedRequest.context(REGEX, request_id=1, seq_slot=0)])
+    failures = step(
+        decoder,
+        [
+            GuidedRequest.generation(
+                REGEX, request_id=1, seq_slot=0, new_token=5, draft_tokens=[6, 55, 7]
+            )
+        ],
+    )
+    assert failures == []
+    matcher = factory.made[0]
+    assert matcher.history == [5, 6]  # the new token, then the one draft its row allows
+    assert matcher.advances == 2
+    assert decoder.token_mask_host[:3].tolist() == [1, 1, 0]  # no row after the masked draft
+    assert decoder.rollback_rejected_batch([2]) == []  # verification stops at 55 too
+    assert matcher.history == [5, 6]
+
+
+def test_a_draft_token_its_row_allows_but_its_grammar_rejects_fails_that_request(
+    tokenizer,
+) -> None:
+    factory = UncheckedFactory(reject={55}, masked=set())
+    decoder = make(tokenizer, factory, drafts=3, slots=2)
+    contexts = [GuidedRequest.context(REGEX, request_id=i + 1, seq_slot=i) for i in (0, 1)]
+    step(decoder, contexts)
+    failures = step(
+        decoder,
+        [
+            GuidedRequest.generation(
+                REGEX, request_id=1, seq_slot=0, new_token=5, draft_tokens=[55]
+            ),
+            GuidedRequest.generation(
+                REGEX, request_id=2, seq_slot=1, new_token=5, draft_tokens=[6]
+            ),
+        ],
+    )
+    assert len(failures) == 1 and failures[0][0] == 1
+    assert (
+        "draft token 55 is allowed by its bitmask row but its grammar rejects it" in failures[0][1]
+    )
+    assert factory.made[1].history == [5, 6]  # the other request goes on
+    assert decoder.grammar_matchers[0] is None

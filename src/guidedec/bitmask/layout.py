@@ -97,6 +97,15 @@ class HostRowChecker:
         # vocabularies): a short probe settles them before the full scan.
         probe = min(PROBE_WORDS, self._num_paired)
         self._probes = [head[: probe // 2] for head in self._heads]
+        self._vocab_size, self._row_words = vocab_size, self._words.shape[1]
+        self._flat = self._words.reshape(-1).data  # one word: a Python int, no numpy
+
+    def allows(self, row: int, token: int) -> bool:
+        """Whether row ``row`` allows ``token`` (never a token outside the vocabulary)."""
+        if not 0 <= token < self._vocab_size:
+            return False
+        word = self._flat[row * self._row_words + (token >> 5)]
+        return bool(word >> (token & 31) & 1)
 
     def __call__(self, row: int) -> bool:
         """Whether row ``row`` allows at least one token below the vocabulary size."""

@@ -9,9 +9,9 @@ the engine finishes those requests after sampling, and the rest of the batch goe
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 import torch
@@ -156,6 +156,7 @@ class BaseGuidedDecoder:
         # per call, which is as much as a backend's mask fill.
         self._row_is_valid = HostRowChecker(self.bitmask_host, self.vocab_size)
         self._token_mask_np = self.token_mask_host.numpy()
+        self._token_mask_words = self._token_mask_np.data
         self.sync = StepSync(self.device)
 
     def add_batch(
@@ -226,14 +227,14 @@ class BaseGuidedDecoder:
         if sync.trace is not None:
             sync.note("host: build")
         batch = self._batch()  # the capturable decoder's is the host function's snapshot
-        start = time.perf_counter()
+        start = perf_counter()
         if sync.on_cuda:
             with nvtx_range("guided_decoder.build"):
                 failures = self._build(batch)
         else:  # no range to push: skip the context manager, on the hot path of a CPU step
             failures = self._build(batch)
         stats = self.stats
-        stats.build_s = time.perf_counter() - start
+        stats.build_s = perf_counter() - start
         stats.steps += 1
         # Fills are timed one by one only after a build slower than the mask-time limit (a
         # build of fast masks pays nothing for the limit).
@@ -256,21 +257,23 @@ class BaseGuidedDecoder:
         request advances by its next draft token and the next wave fills the rows after them.
         Per request both are the same sequence of matcher calls.
         """
-        token_mask = self._token_mask_np
-        token_mask.fill(0)  # also past the batch: a padded graph applies fixed rows
+        self._token_mask_np.fill(0)  # also past the batch: a padded graph applies fixed rows
+        token_mask = self._token_mask_words  # one word at a time: no numpy scalar per row
         failures: list[Failure] = []
-        eager = self._filler.one_by_one(len(batch.requests))
+        requests = batch.requests
+        eager = self._filler.one_by_one(len(requests))
         wave: list[_RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
         timed = self._time_fills
+        advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
-        for req, offset in zip(batch.requests, batch.offsets, strict=True):
+        for req, offset in zip(requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
                 continue
             slot = req.seq_slot
-            self.num_advanced_tokens[slot] = self.num_guided_tokens[slot] = 0
-            drafts = () if req.is_draft else req.draft_tokens[:draft_len]
+            advanced[slot] = guided[slot] = 0
+            drafts = req.draft_tokens[:draft_len] if draft_len and not req.is_draft else ()
             if req.tokens_left is not None and not drafts and not req.is_draft:
                 closing.append((req, offset))
             try:
@@ -293,7 +296,7 @@ class BaseGuidedDecoder:
                         matcher.fill_next_token_bitmask(bitmask, offset)
                     if row_is_valid(offset):
                         token_mask[offset] = 1
-                        self.num_guided_tokens[slot] = 1
+                        guided[slot] = 1
                         rows_filled += 1
                     elif req.is_draft:
                         self.is_draft_terminated[slot] = True
@@ -370,7 +373,7 @@ class BaseGuidedDecoder:
         token = req.new_token
         if token is None:
             raise RequestError("is generating but carries no new_token")
-        if not matcher.accept_token(token):
+        if not matcher.advance(token):  # a rejection fails the request: see GrammarMatcher
             if matcher.is_terminated():
                 return None  # accepted a stop token already: see _start_request
             raise RequestError(f"sampled token {token} is rejected by its grammar")
@@ -431,7 +434,7 @@ class BaseGuidedDecoder:
         """Fill one request's rows one after another from position ``start`` (row ``row``): the
         new token's row is position 0, then one after each draft token. The same checks as
         :meth:`_after_fill`, in one loop."""
-        slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_np
+        slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_words
         row_is_valid = self._row_is_valid
         guided = 0
         timed = self._time_fills
@@ -451,7 +454,7 @@ class BaseGuidedDecoder:
             guided += 1
             if position == len(drafts):
                 break
-            if not matcher.accept_token(drafts[position]):
+            if not self._accept_draft(matcher, row, drafts[position]):
                 self._num_verifiable_tokens[slot] = position + 1
                 break
             self.num_advanced_tokens[slot] += 1
@@ -467,9 +470,9 @@ class BaseGuidedDecoder:
         """Fill one row, timed: a fill past ``mask_time_limit_ms`` counts against its request
         (its first fill excepted: it may build what later ones reuse); ``SLOW_FILLS`` in a row
         fail it. One slow fill, a stall of the machine, does not."""
-        began = time.perf_counter()
+        began = perf_counter()
         matcher.fill_next_token_bitmask(bitmask, row)
-        took = time.perf_counter() - began
+        took = perf_counter() - began
         limit = self._mask_limit_s
         assert limit is not None
         slow = self._slow_fills[slot]
@@ -483,6 +486,20 @@ class BaseGuidedDecoder:
                 f"the last, {SLOW_FILLS} in a row), past GuidedDecodingConfig.mask_time_limit_ms:"
                 " it would slow every request of the batch"
             )
+
+    def _accept_draft(self, matcher: GrammarMatcher, row: int, token: int) -> bool:
+        """Advance by the draft token after row ``row``, just filled from the matcher's state:
+        the row says whether the grammar accepts it, so a backend's cheaper unchecked accept
+        (:meth:`GrammarMatcher.advance`) serves. False (state unchanged) when it is rejected."""
+        if not matcher.unchecked_advance:
+            return matcher.accept_token(token)
+        if not self._row_is_valid.allows(row, token):
+            return False
+        if not matcher.advance(token):
+            raise RequestError(
+                f"draft token {token} is allowed by its bitmask row but its grammar rejects it"
+            )
+        return True
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))
@@ -506,11 +523,11 @@ class BaseGuidedDecoder:
                 self.is_draft_terminated[slot] = True
             self.stats.rows_filled += self.num_guided_tokens[slot]
             return False
-        self._token_mask_np[row] = 1
+        self._token_mask_words[row] = 1
         self.num_guided_tokens[slot] += 1
         position = item.position
         if position < len(item.drafts):
-            if item.matcher.accept_token(item.drafts[position]):
+            if self._accept_draft(item.matcher, row, item.drafts[position]):
                 self.num_advanced_tokens[slot] += 1
                 if not item.matcher.is_terminated():
                     item.position, item.row = position + 1, row + 1
@@ -596,7 +613,7 @@ class BaseGuidedDecoder:
             raise ValueError(
                 f"logits must be 2-D with at least {n} rows, got {tuple(logits.shape)}"
             )
-        start = time.perf_counter()
+        start = perf_counter()
         with nvtx_range("guided_decoder.apply_bitmask"):
             apply_bitmask_sharded(
                 logits[:n],
@@ -606,7 +623,7 @@ class BaseGuidedDecoder:
                 rank=self.rank,
                 vocab_size_padded=self.vocab_size,
             )
-        self.stats.apply_s = time.perf_counter() - start
+        self.stats.apply_s = perf_counter() - start
 
     def execute(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> list[Failure]:
         """``build``, ``copy_bitmask`` and ``apply_bitmask`` for the batch of ``add_batch``.

@@ -246,7 +246,7 @@ class GuidedDecoder(BaseGuidedDecoder):
 
 
 def _int_list(values: TokenCounts, length: int, name: str) -> list[int]:
-    items = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    items = values.tolist() if isinstance(values, torch.Tensor) else values
     if len(items) != length:
         raise ValueError(f"{name} has {len(items)} entries; the batch has {length} requests")
-    return [int(v) for v in items]
+    return list(map(int, items))

@@ -76,6 +76,19 @@ class LLGuidanceMatcher(GrammarMatcher):
             return True
         return False
 
+    unchecked_advance = True
+
+    def advance(self, token_id: int) -> bool:
+        """``consume_token``, cheaper than the ``try_consume_tokens`` of :meth:`accept_token`;
+        a rejected token leaves llguidance in its error state. Stop tokens, whose acceptance
+        the wrapper may count itself, take the checked path."""
+        if self._terminated or token_id in self._stop_token_ids:
+            return self.accept_token(token_id)
+        if not 0 <= token_id < self._vocab_size or not self._matcher.consume_token(token_id):
+            return False
+        self._num_accepted += 1
+        return True
+
     def rollback(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self._num_accepted:
             check_rollback(num_tokens, self._num_accepted)
@@ -87,8 +100,10 @@ class LLGuidanceMatcher(GrammarMatcher):
             self._stop_accepted_here = False
             num_tokens -= 1
         if num_tokens > 0:
-            self._matcher.rollback(num_tokens)
-            self._check_error()
+            matcher = self._matcher
+            matcher.rollback(num_tokens)
+            if matcher.is_error():
+                self._check_error()
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         if self._terminated:

@@ -26,6 +26,17 @@ class GrammarMatcher(ABC):
         """Advance by one token. Returns False (state unchanged) if the grammar rejects it, and
         always once terminated."""
 
+    def advance(self, token_id: int) -> bool:
+        """:meth:`accept_token` for a token the caller does not go on without (a sampled token
+        whose rejection fails the request): the same answer, but after a rejection the matcher
+        may be unusable, so the caller must drop it. A backend whose checked accept costs more
+        than its plain one overrides this with the plain one."""
+        return self.accept_token(token_id)
+
+    unchecked_advance = False
+    """Whether :meth:`advance` skips checks that :meth:`accept_token` makes; the decoder then
+    advances by a draft token with it once the row just filled shows the token is allowed."""
+
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one)."""

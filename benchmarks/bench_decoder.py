@@ -161,10 +161,9 @@ def load_cases(tok: guidedec.TokenizerInfo) -> list[Case]:
 def make_decoder(setting: Setting) -> GuidedDecoder:
     return GuidedDecoder(
         config=setting.config,
+        factory=setting.factory,
         max_num_sequences=setting.batch,
         max_num_draft_tokens=setting.drafts,
-        vocab_size=setting.config.tokenizer.vocab_size,
-        factory=setting.factory,
     )
 
 

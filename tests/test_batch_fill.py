@@ -289,11 +289,7 @@ def _decoder(
         max_rollback_tokens=k,
     )
     return GuidedDecoder(
-        config=config,
-        max_num_sequences=10,
-        max_num_draft_tokens=k,
-        vocab_size=tokenizer.vocab_size,
-        factory=factory,
+        config=config, factory=factory, max_num_sequences=10, max_num_draft_tokens=k
     )
 
 

@@ -60,10 +60,9 @@ def make(
     )
     return cls(
         config=config,
+        factory=factory,
         max_num_sequences=len(GUIDES),
         max_num_draft_tokens=drafts,
-        vocab_size=tokenizer.vocab_size,
-        factory=factory,
         device=device,
     )
 

@@ -11,13 +11,14 @@ from guidedec import (
     GrammarMatcher,
     GrammarMatcherFactory,
     GuidedDecoder,
-    GuidedDecodingConfig,
     GuidedDecodingParams,
     GuidedRequest,
     TokenizerInfo,
+    testing,
 )
-from guidedec.bitmask import apply_bitmask
+from guidedec.bitmask import apply_bitmask, bitmask_size
 from guidedec.testing import feed_tokens, next_token_mask
+from guidedec.tokenizer import default_tokenizer_dir
 
 SCHEMA = GuidedDecodingParams(
     json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -32,13 +33,12 @@ def make_decoder(
     def make(
         backend: str = "auto", *, max_num_sequences: int = 4, drafts: int = 0
     ) -> GuidedDecoder:
-        config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)  # type: ignore[arg-type]
-        return GuidedDecoder(
-            config=config,
+        return testing.make_decoder(
+            tokenizer,
+            backend,
+            factory=make_factory(backend),
             max_num_sequences=max_num_sequences,
             max_num_draft_tokens=drafts,
-            vocab_size=tokenizer.vocab_size,
-            factory=make_factory(backend),
         )
 
     return make
@@ -152,18 +152,15 @@ class DeadEndMatcher(GrammarMatcher):
 
 
 class DeadEndFactory(GrammarMatcherFactory):
+    def compile(self, params) -> object:
+        return params
+
     def create(self, params) -> GrammarMatcher:
         return DeadEndMatcher()
 
 
 def test_dead_end_row_fails_request_without_nan(tokenizer: TokenizerInfo) -> None:
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
-    decoder = GuidedDecoder(
-        config=config,
-        max_num_sequences=2,
-        vocab_size=tokenizer.vocab_size,
-        factory=DeadEndFactory(),
-    )
+    decoder = testing.make_decoder(tokenizer, factory=DeadEndFactory(), max_num_sequences=2)
     decoder.add_batch([GuidedRequest.context(SCHEMA, request_id=5, seq_slot=1)])
     logits = random_logits(1, tokenizer.vocab_size)
     failures = decoder.execute(logits)
@@ -263,7 +260,10 @@ def test_add_batch_rejects_more_rows_than_the_buffers_hold(make_decoder) -> None
         decoder.add_batch([GuidedRequest.context(SCHEMA, request_id=1, seq_slot=3)])
 
 
-def test_decoder_vocab_must_match_the_tokenizer(tokenizer: TokenizerInfo) -> None:
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
-    with pytest.raises(ValueError, match="vocab_size"):
-        GuidedDecoder(config=config, max_num_sequences=1, vocab_size=tokenizer.vocab_size + 32)
+def test_decoder_width_is_the_tokenizers_padded_vocab(tokenizer: TokenizerInfo) -> None:
+    padded = TokenizerInfo.from_tokenizer_json(
+        default_tokenizer_dir(), vocab_size=tokenizer.vocab_size + 32
+    )
+    decoder = testing.make_decoder(padded, max_num_sequences=1)
+    assert decoder.vocab_size == padded.vocab_size
+    assert decoder.bitmask_host.shape == (1, bitmask_size(padded.vocab_size))

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedFactory
 from guidedec.testing import feed_tokens
 
 SCHEMA = {
@@ -126,17 +126,18 @@ def test_a_slow_grammar_times_out_without_holding_up_the_batch(llm: LLM) -> None
     assert time.perf_counter() - start < 1.5
 
 
-class SlowFactory(GrammarMatcherFactory):
-    """Delegates to ``inner`` after a delay, counting the calls."""
+class SlowFactory(WrappedFactory):
+    """Compiles through ``inner`` after a delay, counting the compiles."""
 
     def __init__(self, inner: GrammarMatcherFactory, delay_s: float) -> None:
-        self.inner, self.delay_s = inner, delay_s
+        super().__init__(inner)
+        self.delay_s = delay_s
         self.calls = 0
 
-    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+    def compile(self, params: GuidedDecodingParams) -> object:
         self.calls += 1
         time.sleep(self.delay_s)
-        return self.inner.create(params)
+        return self.inner.compile(params)
 
 
 def test_same_seed_same_output_and_sampling_respects_the_grammar(llm: LLM) -> None:
@@ -274,6 +275,37 @@ def test_requests_with_the_same_guide_share_one_compilation(llm: LLM) -> None:
     assert all(
         o.finish_reason == "stop" and re.fullmatch("(on|off)-[0-9]", o.text) for o in outputs
     )
+
+
+class CountingFactory(WrappedFactory):
+    """Counts the compiles and the matchers made through it."""
+
+    def __init__(self, inner: GrammarMatcherFactory) -> None:
+        super().__init__(inner)
+        self.compiles = self.creates = 0
+
+    def compile(self, params: GuidedDecodingParams) -> object:
+        self.compiles += 1
+        return self.inner.compile(params)
+
+    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        self.creates += 1
+        return self.inner.create(params)
+
+
+def test_the_pool_compiles_and_the_decoder_makes_one_matcher_per_request(llm: LLM) -> None:
+    counting = CountingFactory(llm.factory)
+    decoder_factory = llm.decoder.factory
+    llm.grammars.factory = llm.decoder.factory = counting
+    try:
+        guides = [GuidedDecodingParams(regex="(up|down)-[0-9]"), GuidedDecodingParams(regex="z+")]
+        params = [SamplingParams(max_tokens=8, guided_decoding=guides[i % 2]) for i in range(3)]
+        outputs = llm.generate(PROMPTS[:3], [*params, SamplingParams(max_tokens=4)][:3])
+    finally:
+        llm.grammars.factory, llm.decoder.factory = llm.factory, decoder_factory
+    assert all(o.error is None for o in outputs)
+    assert counting.compiles == 2  # one per distinct guide, on the pool
+    assert counting.creates == 3  # one matcher per guided request, in the decoder
 
 
 @pytest.mark.parametrize("mode", ["ngram", "draft"])

@@ -15,7 +15,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.core import EngineCore
 from guidedec.engine.runner import ModelRunner
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedFactory
 
 SCHEMA = {
     "type": "object",
@@ -109,11 +109,12 @@ class _DeadEndMatcher(GrammarMatcher):
         return self.inner.is_terminated()
 
 
-class _DeadEndFactory(GrammarMatcherFactory):
+class _DeadEndFactory(WrappedFactory):
     """``inner``'s matchers; those of ``target`` (by identity) reach a dead end."""
 
     def __init__(self, inner: GrammarMatcherFactory, target: GuidedDecodingParams) -> None:
-        self.inner, self.target = inner, target
+        super().__init__(inner)
+        self.target = target
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
         matcher = self.inner.create(params)

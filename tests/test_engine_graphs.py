@@ -225,11 +225,7 @@ def _decoder(model: LoadedModel, factory: GrammarMatcherFactory, slots: int) -> 
         backend="xgrammar", tokenizer=model.tokenizer, json_whitespace="compact"
     )
     return CapturableGuidedDecoder(
-        config=config,
-        max_num_sequences=slots,
-        vocab_size=model.tokenizer.vocab_size,
-        factory=factory,
-        device=model.device,
+        config=config, factory=factory, max_num_sequences=slots, device=model.device
     )
 
 

@@ -15,7 +15,12 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.decoder import GuidedDecoder
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
+from guidedec.grammar.matcher import (
+    GrammarMatcher,
+    GrammarMatcherFactory,
+    WrappedFactory,
+    WrappedMatcher,
+)
 from guidedec.testing import uniform_guided_generate
 from guidedec.tokenizer import TokenizerInfo
 
@@ -139,9 +144,10 @@ class _SlowMatcher(WrappedMatcher):
         self.inner.fill_next_token_bitmask(bitmask, index)
 
 
-class _SlowFactory(GrammarMatcherFactory):
+class _SlowFactory(WrappedFactory):
     def __init__(self, inner: GrammarMatcherFactory, slow: set[int]) -> None:
-        self.inner, self.slow = inner, slow
+        super().__init__(inner)
+        self.slow = slow
         self.made: list[_SlowMatcher] = []
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
@@ -161,9 +167,7 @@ def test_masks_slow_three_times_in_a_row_fail_the_request(
 ) -> None:
     config = GuidedDecodingConfig(tokenizer=tokenizer, mask_time_limit_ms=20)
     factory = _SlowFactory(create_grammar_matcher_factory(config), slow)
-    decoder = GuidedDecoder(
-        config=config, max_num_sequences=1, vocab_size=tokenizer.vocab_size, factory=factory
-    )
+    decoder = GuidedDecoder(config=config, factory=factory, max_num_sequences=1)
     guide = GuidedDecodingParams(regex="[ab]{60}")
     (out,) = uniform_guided_generate(decoder, [guide], max_tokens=60)
     (matcher,) = factory.made

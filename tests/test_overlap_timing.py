@@ -13,12 +13,11 @@ import torch
 from guidedec import (
     GrammarMatcherFactory,
     GuidedDecoder,
-    GuidedDecodingConfig,
     GuidedDecodingParams,
     GuidedRequest,
     TokenizerInfo,
 )
-from guidedec.testing import feed_tokens, next_token_mask
+from guidedec.testing import feed_tokens, make_decoder, next_token_mask
 
 REGEX = GuidedDecodingParams(regex=r"(yes|no)-[0-9]{1,2}")
 
@@ -29,13 +28,12 @@ def decoder(
     tokenizer: TokenizerInfo,
     make_factory: Callable[..., GrammarMatcherFactory],
 ) -> GuidedDecoder:
-    config = GuidedDecodingConfig(backend=request.param, tokenizer=tokenizer)
-    decoder = GuidedDecoder(
-        config=config,
+    decoder = make_decoder(
+        tokenizer,
+        request.param,
+        factory=make_factory(request.param),
         max_num_sequences=2,
         max_num_draft_tokens=4,
-        vocab_size=tokenizer.vocab_size,
-        factory=make_factory(request.param),
     )
     decoder.add_batch([GuidedRequest.context(REGEX, request_id=1, seq_slot=0)])
     assert decoder.execute(torch.zeros(1, tokenizer.vocab_size)) == []

@@ -12,13 +12,12 @@ from guidedec import (
     GrammarMatcher,
     GrammarMatcherFactory,
     GuidedDecoder,
-    GuidedDecodingConfig,
     GuidedDecodingParams,
     GuidedRequest,
     TokenizerInfo,
 )
 from guidedec.decoder import GuidedRequests
-from guidedec.testing import bitmask_to_bool_mask, feed_tokens, next_token_mask
+from guidedec.testing import bitmask_to_bool_mask, feed_tokens, make_decoder, next_token_mask
 
 REGEX = GuidedDecodingParams(regex=r"(yes|no)-[0-9]{1,4}!")
 OTHER = GuidedDecodingParams(choice=["alpha", "beta"])
@@ -31,13 +30,8 @@ def make(
     drafts: int = 3,
     slots: int = 2,
 ) -> GuidedDecoder:
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
-    return GuidedDecoder(
-        config=config,
-        max_num_sequences=slots,
-        max_num_draft_tokens=drafts,
-        vocab_size=tokenizer.vocab_size,
-        factory=factory,
+    return make_decoder(
+        tokenizer, factory=factory, max_num_sequences=slots, max_num_draft_tokens=drafts
     )
 
 
@@ -184,6 +178,9 @@ class ScriptedFactory(GrammarMatcherFactory):
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs
         self.made: list[ScriptedMatcher] = []
+
+    def compile(self, params: GuidedDecodingParams) -> object:
+        return params
 
     def create(self, params: GuidedDecodingParams) -> ScriptedMatcher:
         self.made.append(ScriptedMatcher(**self.kwargs))

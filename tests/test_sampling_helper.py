@@ -11,12 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
+from guidedec import GuidedDecodingParams, TokenizerInfo
 from guidedec.testing import (
     GeneratedOutput,
     accepts_output,
     allowed_token_ids,
     host_row_token_ids,
+    make_decoder,
     random_bitmask,
     random_guided_generate,
     sample_allowed_token,
@@ -62,8 +63,7 @@ def test_host_row_token_ids_match_the_torch_unpacking(
 
 def _first_tokens(generate: Callable[..., list[GeneratedOutput]], guide: str) -> Counter[str]:
     tokenizer = TokenizerInfo.default()
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
-    decoder = GuidedDecoder(config=config, max_num_sequences=64, vocab_size=tokenizer.vocab_size)
+    decoder = make_decoder(tokenizer, max_num_sequences=64)
     params = GuidedDecodingParams(regex=guide)
     factory = decoder.factory
     counts: Counter[str] = Counter()

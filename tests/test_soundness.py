@@ -74,12 +74,7 @@ def generate(
     factory: GrammarMatcherFactory, tokenizer: TokenizerInfo, backend: str, cases: list[Case]
 ) -> list[GeneratedOutput]:
     config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)  # type: ignore[arg-type]
-    decoder = GuidedDecoder(
-        config=config,
-        max_num_sequences=BATCH_SIZE,
-        vocab_size=tokenizer.vocab_size,
-        factory=factory,
-    )
+    decoder = GuidedDecoder(config=config, factory=factory, max_num_sequences=BATCH_SIZE)
     outputs: list[GeneratedOutput] = []
     for n, batch in enumerate(batches(cases, BATCH_SIZE)):
         guides = [case.params for case in batch]

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, GuidedRequest
+from guidedec import GuidedDecodingParams, GuidedRequest
 from guidedec.bitmask import apply_bitmask, sparse_allowed_tokens
 from guidedec.engine.sampling import SamplingParams, sample
-from guidedec.testing import bool_mask_to_bitmask
+from guidedec.testing import bool_mask_to_bitmask, make_decoder
 from guidedec.tokenizer import TokenizerInfo
 
 FAST = settings(max_examples=60, deadline=None)
@@ -102,9 +102,8 @@ def test_decoder_hands_over_sparse_rows_and_leaves_them_unmasked(
     """A digit regex allows few tokens (sparse), free text allows nearly all (dense), an
     unguided row is not filled: only the sparse row is taken, its ids are what the mask
     allowed, and apply then masks every other filled row but not it."""
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
     vocab = tokenizer.vocab_size
-    decoder = GuidedDecoder(config=config, max_num_sequences=3, vocab_size=vocab)
+    decoder = make_decoder(tokenizer, "xgrammar", max_num_sequences=3)
     guides = [GuidedDecodingParams(regex="[0-9]{3}"), GuidedDecodingParams(regex=".{0,40}"), None]
     decoder.add_batch(
         [GuidedRequest.context(g, request_id=i, seq_slot=i) for i, g in enumerate(guides)]

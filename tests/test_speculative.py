@@ -78,10 +78,9 @@ def make_decoder(
     )
     return GuidedDecoder(
         config=config,
+        factory=factory,
         max_num_sequences=len(GUIDES),
         max_num_draft_tokens=drafts,
-        vocab_size=tokenizer.vocab_size,
-        factory=factory,
     )
 
 
@@ -196,13 +195,7 @@ def test_flexible_whitespace_and_max_tokens_cut_are_exact(
     guides = [JSON, GuidedDecodingParams(json_schema={"type": "array"}), REGEX, EBNF]
     config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)
     decoders = [
-        GuidedDecoder(
-            config=config,
-            max_num_sequences=4,
-            max_num_draft_tokens=k,
-            vocab_size=tokenizer.vocab_size,
-            factory=factory,
-        )
+        GuidedDecoder(config=config, factory=factory, max_num_sequences=4, max_num_draft_tokens=k)
         for k in (0, 4)
     ]
     plain = GreedyRunner(decoders[0], target, max_tokens=MAX_TOKENS).run(guides)

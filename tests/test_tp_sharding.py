@@ -18,10 +18,10 @@ import torch.multiprocessing as mp
 from guidedec import (
     GrammarMatcherFactory,
     GuidedDecoder,
-    GuidedDecodingConfig,
     GuidedDecodingParams,
     GuidedRequest,
     TokenizerInfo,
+    testing,
 )
 from guidedec.bitmask import apply_bitmask, apply_bitmask_sharded, vocab_shard
 from guidedec.testing import bitmask_to_bool_mask, random_bitmask
@@ -198,14 +198,8 @@ def test_a_float_d2t_is_rejected_when_sharded() -> None:
 def make_decoder(
     tokenizer: TokenizerInfo, factory: GrammarMatcherFactory, *, rank: int = 0
 ) -> GuidedDecoder:
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer)
-    return GuidedDecoder(
-        config=config,
-        max_num_sequences=2,
-        max_num_draft_tokens=1,
-        vocab_size=tokenizer.vocab_size,
-        factory=factory,
-        rank=rank,
+    return testing.make_decoder(
+        tokenizer, factory=factory, max_num_sequences=2, max_num_draft_tokens=1, rank=rank
     )
 
 
@@ -309,10 +303,7 @@ def _random_cases(rank: int) -> dict[str, torch.Tensor]:
 
 def _decoder_cases(rank: int) -> dict[str, torch.Tensor]:
     tokenizer = TokenizerInfo.default()
-    config = GuidedDecodingConfig(backend="llguidance", tokenizer=tokenizer)
-    decoder = GuidedDecoder(
-        config=config, max_num_sequences=2, vocab_size=tokenizer.vocab_size, rank=rank
-    )
+    decoder = testing.make_decoder(tokenizer, "llguidance", max_num_sequences=2, rank=rank)
     decoder.add_batch(
         [
             GuidedRequest.context(SCHEMA, request_id=1, seq_slot=0),

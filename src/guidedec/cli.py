@@ -38,7 +38,13 @@ arguments, 3 when an output ended in grammar_error (reported with the others).""
 
 def demo(args: argparse.Namespace) -> int:
     """Constrain a random-logits sampler to a JSON schema and print the (valid) outputs."""
-    from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, TokenizerInfo
+    from guidedec import (
+        GuidedDecoder,
+        GuidedDecodingConfig,
+        GuidedDecodingParams,
+        TokenizerInfo,
+        create_grammar_matcher_factory,
+    )
     from guidedec.testing import random_guided_generate
 
     schema = DEMO_SCHEMA if args.schema is None else load_schema(args.schema)
@@ -46,9 +52,8 @@ def demo(args: argparse.Namespace) -> int:
     config = GuidedDecodingConfig(
         backend=args.backend, tokenizer=tokenizer, json_whitespace=args.whitespace
     )
-    decoder = GuidedDecoder(
-        config=config, max_num_sequences=args.count, vocab_size=tokenizer.vocab_size
-    )
+    factory = create_grammar_matcher_factory(config)
+    decoder = GuidedDecoder(config=config, factory=factory, max_num_sequences=args.count)
     print(f"tokenizer: {tokenizer}")
     print(f"backend: {args.backend}; whitespace: {args.whitespace}; schema: {json.dumps(schema)}")
     print("the 'model' is random logits: the text is nonsense, its shape is the schema's\n")

@@ -31,7 +31,7 @@ from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
 from guidedec.grammar.isolation import process_alive, stop_worker
-from guidedec.grammar.matcher import WrappedMatcher
+from guidedec.grammar.matcher import WrappedFactory, WrappedMatcher
 from guidedec.testing import EngineChecks, accepts_output, uniform_guided_generate
 
 BACKENDS = ("xgrammar", "llguidance")
@@ -123,11 +123,11 @@ class TimingMatcher(WrappedMatcher):
         self.times().append((time.perf_counter_ns() - start) / 1000)
 
 
-class TimingFactory(GrammarMatcherFactory):
+class TimingFactory(WrappedFactory):
     """Hands out :class:`TimingMatcher` s over ``inner``'s matchers; set ``times`` per use."""
 
     def __init__(self, inner: GrammarMatcherFactory) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.times: array[float] = array("f")
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
@@ -239,12 +239,7 @@ class Evaluator:
         if name not in self.decoders:
             timing = TimingFactory(self.factories[name])
             config = GuidedDecodingConfig(backend=name, tokenizer=self.tokenizer)  # type: ignore[arg-type]
-            decoder = GuidedDecoder(
-                config=config,
-                max_num_sequences=GEN_SAMPLES,
-                vocab_size=self.tokenizer.vocab_size,
-                factory=timing,
-            )
+            decoder = GuidedDecoder(config=config, factory=timing, max_num_sequences=GEN_SAMPLES)
             decoder.closer.vocab()  # built once per worker, not within a schema's timing
             self.decoders[name] = (decoder, timing)
         decoder, timing = self.decoders[name]

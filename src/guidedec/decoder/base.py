@@ -29,7 +29,6 @@ from guidedec.decoder.streams import StepSync
 from guidedec.errors import REQUEST_ERRORS, GuidedecError
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
 Failure = tuple[int, str]
@@ -76,13 +75,14 @@ class BaseGuidedDecoder:
     ``is_draft_terminated`` (guiding of the current drafting loop has stopped).
 
     Args:
-        config: Backend, tokenizer and cache settings.
+        config: The decoder's settings (fill mode, mask-time limit) and its tokenizer, whose
+            (padded) ``vocab_size`` is the width of the logits.
+        factory: The matcher factory, for ``config.tokenizer``
+            (:func:`guidedec.create_grammar_matcher_factory`); an engine shares one between its
+            decoders and its compile pool, so that each guide is compiled once.
         max_num_sequences: Number of sequence slots (the engine's batch capacity).
         max_num_draft_tokens: Draft tokens per sequence in speculative decoding (0: none).
-        vocab_size: Width of the logits; must equal ``config.tokenizer.vocab_size``.
         device: Where the logits live; the host buffers are pinned when it is a CUDA device.
-        factory: The matcher factory (default: one built from ``config``); engines share one
-            between decoders so that compiled grammars are cached once.
         rank: The global rank, for logits sharded over the vocabulary by tensor parallelism:
             logits ``V / T`` columns wide are shard ``rank % T`` (see
             :func:`guidedec.bitmask.apply_bitmask_sharded`).
@@ -92,18 +92,12 @@ class BaseGuidedDecoder:
         self,
         *,
         config: GuidedDecodingConfig,
+        factory: GrammarMatcherFactory,
         max_num_sequences: int,
         max_num_draft_tokens: int = 0,
-        vocab_size: int,
         device: str | torch.device = "cpu",
-        factory: GrammarMatcherFactory | None = None,
         rank: int = 0,
     ) -> None:
-        if vocab_size != config.tokenizer.vocab_size:
-            raise ValueError(
-                f"vocab_size={vocab_size} differs from the tokenizer's padded vocab_size="
-                f"{config.tokenizer.vocab_size}; build TokenizerInfo with vocab_size={vocab_size}"
-            )
         if max_num_sequences <= 0 or max_num_draft_tokens < 0:
             raise ValueError("max_num_sequences must be > 0 and max_num_draft_tokens >= 0")
         if rank < 0:
@@ -111,10 +105,10 @@ class BaseGuidedDecoder:
         self.config = config
         self.max_num_sequences = max_num_sequences
         self.max_num_draft_tokens = max_num_draft_tokens
-        self.vocab_size = vocab_size
+        self.vocab_size = config.tokenizer.vocab_size
         self.device = torch.device(device)
         self.rank = rank
-        self.factory = factory if factory is not None else create_grammar_matcher_factory(config)
+        self.factory = factory
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
         limit = config.mask_time_limit_ms
         self._mask_limit_s = None if limit is None else limit / 1e3

@@ -105,11 +105,10 @@ class EngineCore:
         capturable = cuda_graphs and speculator is None
         self.decoder = (CapturableGuidedDecoder if capturable else GuidedDecoder)(
             config=config,
+            factory=self.factory,
             max_num_sequences=max_num_seqs,
             max_num_draft_tokens=num_draft_tokens,
-            vocab_size=self.tokenizer.vocab_size,
             device=model.device,
-            factory=self.factory,
         )
         if cuda_graphs and isinstance(self.decoder, CapturableGuidedDecoder):
             self.graphs = DecodeGraphs(runner, self.decoder)

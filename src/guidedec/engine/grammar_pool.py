@@ -1,9 +1,10 @@
 """Grammar compilation off the step loop.
 
 A thread pool compiles each request's guide into the matcher factory's cache as the request
-arrives (the backends release the GIL while compiling); the request waits for a slot only once
-its grammar is ready, and the decoder's later ``factory.create`` is a cache hit. Requests behind
-a slow grammar are not held up, and the step loop never compiles.
+arrives (``factory.compile``; the backends release the GIL while compiling); the request waits
+for a slot only once its grammar is ready, and the decoder's later ``factory.create`` of its one
+matcher is a cache hit. Requests behind a slow grammar are not held up, and the step loop never
+compiles.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class GrammarPool:
         with self._lock:
             future = self._inflight.get(params)
             if future is None:
-                future = self._executor.submit(self.factory.create, params)
+                future = self._executor.submit(self.factory.compile, params)
                 self._inflight[params] = future
         future.add_done_callback(lambda f: self._forget(params, f))
         self._pending[request] = future

@@ -31,7 +31,7 @@ from guidedec.grammar.auto_policy import (
 )
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import CompiledGuide, GrammarMatcher, GrammarMatcherFactory
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 
 _MAX_REMEMBERED_CHOICES = 65536
@@ -75,7 +75,15 @@ class AutoMatcherFactory(GrammarMatcherFactory):
         with self._lock:
             return self._chosen.get(guide_cache_key(params))
 
+    def compile(self, params: GuidedDecodingParams) -> CompiledGuide:
+        return self._compile(params)[1]
+
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        backend = self._compile(params)[0]
+        return backend.create(params)  # a cache hit: the backend has just compiled the guide
+
+    def _compile(self, params: GuidedDecodingParams) -> tuple[GrammarMatcherFactory, CompiledGuide]:
+        """The first backend of the order that compiles ``params``, and what it compiled."""
         key = guide_cache_key(params)
         known = self.chosen_backend(params)
         if not known:
@@ -87,13 +95,14 @@ class AutoMatcherFactory(GrammarMatcherFactory):
             if inexact is not None:
                 errors.append(inexact)
                 continue
+            backend = self.factory(name)
             try:
-                matcher = self.factory(name).create(params)
+                compiled = backend.compile(params)
             except GrammarError as exc:
                 errors.append(exc)
                 continue
             self._remember(key, name)
-            return matcher
+            return backend, compiled
         reasons = "; ".join(str(e) for e in errors)
         raise GrammarError(
             f"no backend can enforce this {params.guide_type.value} guide: {reasons}"

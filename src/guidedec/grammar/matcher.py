@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from guidedec.errors import REQUEST_ERRORS
+from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.params import GuidedDecodingParams
 
 
@@ -129,13 +130,48 @@ class WrappedMatcher(GrammarMatcher):
         return self.inner.forced_tokens()
 
 
+CompiledGuide = object
+"""What a backend compiles a guide into (xgrammar's ``CompiledGrammar``, a template llguidance
+matcher): opaque outside its backend."""
+
+
 class GrammarMatcherFactory(ABC):
-    """Compiles guides (with a cache) and hands out fresh matchers."""
+    """Compiles guides (with a cache) and hands out fresh matchers.
+
+    ``compile`` does the costly part once per guide (an engine runs it off its step loop, as a
+    request arrives); ``create`` then makes a request's matcher from the cached result.
+    """
+
+    config: GuidedDecodingConfig
+    """The settings the factory was built from (backend, tokenizer, cache, limits)."""
 
     @abstractmethod
-    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
-        """A matcher at the start of ``params``' guide.
+    def compile(self, params: GuidedDecodingParams) -> CompiledGuide:
+        """Compile ``params``' guide, or find it in the cache (keyed by the canonical guide).
 
         Raises:
             GrammarError: the guide cannot be compiled; the message names the problem.
         """
+
+    @abstractmethod
+    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        """A matcher at the start of ``params``' guide (compiled first unless cached).
+
+        Raises:
+            GrammarError: the guide cannot be compiled; the message names the problem.
+        """
+
+
+class WrappedFactory(GrammarMatcherFactory):
+    """A factory that forwards every call to ``inner``: a base for one that observes its
+    compiles or wraps the matchers it hands out."""
+
+    def __init__(self, inner: GrammarMatcherFactory) -> None:
+        self.inner = inner
+        self.config = inner.config
+
+    def compile(self, params: GuidedDecodingParams) -> CompiledGuide:
+        return self.inner.compile(params)
+
+    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        return self.inner.create(params)

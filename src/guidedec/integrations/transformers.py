@@ -134,11 +134,7 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
         self._prompts = self._first_prompts(input_ids)
         self._fed = [[] for _ in range(batch)]
         self._decoder = GuidedDecoder(
-            config=config,
-            max_num_sequences=batch,
-            vocab_size=width,
-            device=scores.device,
-            factory=factory,
+            config=config, factory=factory, max_num_sequences=batch, device=scores.device
         )
         return self._decoder
 

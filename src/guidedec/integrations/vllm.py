@@ -117,7 +117,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         if guide is None:
             return
         try:
-            _syntax_factory().create(guide)
+            _syntax_factory().compile(guide)
         except (GuidedecError, ValueError) as exc:
             raise ValueError(f"invalid guide in extra_args[{EXTRA_KEY!r}]: {exc}") from None
 

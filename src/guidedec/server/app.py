@@ -460,7 +460,7 @@ class _Api:
         than the engine's steps), warming the engine's cache."""
         try:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._compiles, self.llm.factory.create, guide)
+            await loop.run_in_executor(self._compiles, self.llm.factory.compile, guide)
         except (GuidedecError, ValueError) as exc:
             raise BadRequestError(f"invalid guide: {exc}", param) from exc
 

@@ -1,5 +1,6 @@
 """Helpers for tests and benchmarks, shipped with the package so that users can reuse them.
 
+- :mod:`~guidedec.testing.decoders`: ``make_decoder``, one way to build a decoder;
 - :mod:`~guidedec.testing.masks`: packing, unpacking and random token bitmasks;
 - :mod:`~guidedec.testing.matchers`: feeding tokens to matchers and reading their masks;
 - :mod:`~guidedec.testing.generate`: random-logits guided generation (soundness checks);
@@ -7,6 +8,7 @@
   that prove speculative decoding exact.
 """
 
+from guidedec.testing.decoders import make_decoder
 from guidedec.testing.generate import (
     EngineChecks,
     GeneratedOutput,
@@ -54,6 +56,7 @@ __all__ = [
     "bool_mask_to_bitmask",
     "feed_tokens",
     "host_row_token_ids",
+    "make_decoder",
     "mixed_density_bitmask",
     "next_token_mask",
     "oracle_rows",

@@ -20,7 +20,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import BudgetCloser
-from guidedec.grammar.closing import CompletionSearch, guide_words
+from guidedec.decoder.completion import CompletionSearch, guide_words
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
 from guidedec.tokenizer import TokenizerInfo
 

@@ -17,8 +17,7 @@ from guidedec.grammar import (
     create_grammar_matcher_factory,
 )
 from guidedec.tokenizer import TokenizerInfo
-
-__version__ = "0.1.0"
+from guidedec.version import __version__
 
 __all__ = [
     "LLM",

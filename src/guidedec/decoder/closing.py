@@ -3,7 +3,7 @@
 A request that carries ``tokens_left`` (the tokens it may still emit, the one sampled from this
 row included) gets, near the end of its budget, a *witness* for its current grammar state: a
 short completion that ends with a stop token, found through the matcher API by
-:class:`guidedec.grammar.closing.CompletionSearch`. While the witness leaves more than
+:class:`guidedec.decoder.completion.CompletionSearch`. While the witness leaves more than
 ``MARGIN`` tokens of room the row keeps the grammar's mask and the model writes what it wants;
 once it does not, the row allows the witness's next token only, and the output follows the
 witness to its stop token. A witness stays valid while the output follows it, so a forced step
@@ -31,15 +31,15 @@ from typing import Any
 import numpy.typing as npt
 
 from guidedec.bitmask.layout import token_word
-from guidedec.decoder.request import GuidedRequest
-from guidedec.grammar.cache import guide_cache_key
-from guidedec.grammar.closing import (
+from guidedec.decoder.completion import (
     ClosingVocab,
     CompletionSearch,
     DigitTokens,
     completes,
     guide_words,
 )
+from guidedec.decoder.request import GuidedRequest
+from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo

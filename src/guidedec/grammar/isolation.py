@@ -288,7 +288,8 @@ def _options(config: GuidedDecodingConfig) -> GuidedDecodingConfig:
 
 def _worker_main(conn: Connection, settings: _Settings) -> None:
     """A worker's loop: probe one guide at a time until told to stop or orphaned."""
-    from guidedec.bitmask.layout import allocate_bitmask
+    import torch
+
     from guidedec.grammar.auto import build_backend_factory
     from guidedec.tokenizer import TokenizerInfo
 
@@ -297,7 +298,9 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
     lower_priority()
     tokenizer = settings.tokenizer or TokenizerInfo.default()
     factories: list[tuple[str, GuidedDecodingConfig, Any]] = []  # a few: the configs seen
-    bitmask = allocate_bitmask(1, tokenizer.vocab_size)
+    # One row in the layout of guidedec.bitmask (which the grammar layer does not import): an
+    # int32 word per 32 tokens.
+    bitmask = torch.zeros(1, -(-tokenizer.vocab_size // 32), dtype=torch.int32)
     while True:
         while not conn.poll(1.0):
             if not process_alive(settings.parent):

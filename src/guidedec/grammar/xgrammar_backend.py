@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import xgrammar as xgr
 
-from guidedec import __version__
 from guidedec.errors import GrammarError
 from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
@@ -37,6 +36,7 @@ from guidedec.grammar.matcher import (
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_rewrite import rewrite_for_xgrammar
 from guidedec.tokenizer import TokenizerInfo
+from guidedec.version import __version__
 
 BACKEND = "xgrammar"
 ANY_OBJECT_SCHEMA = '{"type":"object"}'

@@ -202,7 +202,11 @@ def test_fetch_batch_reads_new_and_draft_tokens_from_the_pinned_buffer(
     new_tokens[:, 1, 0] = torch.tensor(tokens[:3])
     decoder.add_batch([placeholder], new_tokens=new_tokens)
     decoder.fetch_batch.run_now(decoder)
-    assert (placeholder.new_token, placeholder.draft_tokens) == (tokens[0], tuple(tokens[1:3]))
+    assert decoder.requests_hostfunc is not None
+    (fetched,) = decoder.requests_hostfunc.requests  # a new snapshot: the caller's is left as is
+    assert (fetched.new_token, fetched.draft_tokens) == (tokens[0], tuple(tokens[1:3]))
+    assert (placeholder.new_token, placeholder.draft_tokens) == (0, (0, 0))
+    assert decoder.requests is decoder.requests_hostfunc  # copy and apply see its rows
     decoder.build_hostfunc.run_now(decoder)
     for row in range(3):
         matcher = fed(factory, tokens[: row + 1])

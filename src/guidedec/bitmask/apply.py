@@ -57,7 +57,7 @@ def apply_bitmask(
     kernel = load_kernel(resolve_backend(backend, logits.device))
     rows, words = _as_rows(logits, bitmask)
     _check_token_mask(token_mask, rows.shape[0])
-    _check_d2t(d2t, rows.shape[1])
+    check_d2t(d2t, rows.shape[1])
     _check_devices(logits, bitmask, token_mask, d2t)
     if rows.numel() == 0:
         return
@@ -99,12 +99,14 @@ def _check_token_mask(token_mask: torch.Tensor | None, num_rows: int) -> None:
         raise ValueError(f"token_mask must have shape ({num_rows},), got {tuple(token_mask.shape)}")
 
 
-def _check_d2t(d2t: torch.Tensor | None, num_columns: int) -> None:
+def check_d2t(d2t: torch.Tensor | None, num_columns: int | None = None) -> None:
+    """Raise ``ValueError`` unless ``d2t`` is None or an integer tensor (of shape
+    ``(num_columns,)`` when given)."""
     if d2t is None:
         return
     if d2t.dtype.is_floating_point or d2t.dtype.is_complex or d2t.dtype == torch.bool:
         raise ValueError(f"d2t must be an integer tensor, got {d2t.dtype}")
-    if tuple(d2t.shape) != (num_columns,):
+    if num_columns is not None and tuple(d2t.shape) != (num_columns,):
         raise ValueError(f"d2t must have shape ({num_columns},), got {tuple(d2t.shape)}")
 
 

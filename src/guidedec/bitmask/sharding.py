@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from guidedec.bitmask.apply import Backend, apply_bitmask
+from guidedec.bitmask.apply import Backend, apply_bitmask, check_d2t
 from guidedec.bitmask.layout import BITS_PER_WORD
 
 
@@ -164,8 +164,7 @@ def apply_bitmask_sharded(
         return
     local_d2t = None
     if d2t is not None:
-        if d2t.dtype.is_floating_point or d2t.dtype.is_complex or d2t.dtype == torch.bool:
-            raise ValueError(f"d2t must be an integer tensor, got {d2t.dtype}")
+        check_d2t(d2t)  # its shape is the full table's: the shard's slice is checked by apply
         # Column j is draft token g = start + j, target g + d2t[g] = j + (d2t[g] + start). int64:
         # the shift must not overflow a narrow d2t dtype.
         local_d2t = d2t[shard.columns].to(torch.int64) + shard.column_start

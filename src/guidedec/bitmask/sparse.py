@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from guidedec.bitmask.kernels._cpu import bit_positions, count_allowed_bits, covered_words
+from guidedec.bitmask.kernels.common import bit_positions, count_allowed_bits, covered_words
 from guidedec.bitmask.layout import BITMASK_DTYPE
 
 

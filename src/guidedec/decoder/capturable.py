@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -185,16 +186,23 @@ class CapturableGuidedDecoder(GuidedDecoder):
         An empty queue (a warm-up replay) leaves everything as it is."""
         if not self.queue:
             return
-        batch, has_new_tokens = self.queue.popleft()
+        queued, has_new_tokens = self.queue.popleft()
+        batch = queued
+        if has_new_tokens:  # new snapshots: the drafts decide the rows each request owns
+            batch = GuidedRequests(
+                [self._with_new_tokens(req) for req in queued.requests], queued.num_draft_tokens
+            )
+            if self.requests is queued:  # still the caller's batch: copy and apply see its rows
+                self.requests = batch
         self.requests_hostfunc, self._unbuilt = batch, True
-        if not has_new_tokens:
-            return
-        for req in batch.valid_requests():
-            if req.prev_seq_slot is None:
-                continue
-            new_token, *drafts = self.new_tokens[:, req.seq_slot].tolist()
-            req.new_token, req.draft_tokens = new_token, tuple(drafts)
-        batch.__post_init__()  # the drafts decide the rows each request owns
+
+    def _with_new_tokens(self, req: GuidedRequest) -> GuidedRequest:
+        """``req`` with the new token and drafts the device wrote for its slot (guided requests
+        of the previous step only)."""
+        if req.guided_decoding_params is None or req.prev_seq_slot is None:
+            return req
+        new_token, *drafts = self.new_tokens[:, req.seq_slot].tolist()
+        return replace(req, new_token=new_token, draft_tokens=tuple(drafts))
 
     @hostfunc
     def build_hostfunc(self) -> None:

@@ -28,25 +28,21 @@ import numpy.typing as npt
 import torch
 
 from guidedec.bitmask.kernels import _torch
-from guidedec.bitmask.layout import ALL_ALLOWED_WORD, BITS_PER_WORD
+from guidedec.bitmask.kernels.common import (
+    BoolArray,
+    WordArray,
+    bit_positions,
+    count_allowed_bits,
+    covered_words,
+    int_view,
+)
+from guidedec.bitmask.layout import BITS_PER_WORD
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-WordArray = npt.NDArray[np.int32]
 LogitsArray = npt.NDArray[np.signedinteger[Any]]  # int32 or int16 view of the logits
 
 # A row is sparse when its minority side (allowed or forbidden columns) is at most 1/32 of the
 # columns: one sparse bit costs ~15-50 ns, one dense column ~1-2 ns (measured, V = 129,280).
 _SPARSE_DIVISOR = 32
-_NO_BITS = 0
-_ALL_BITS_BYTE = 0xFF
-_INT_VIEW = {
-    torch.float32: torch.int32,
-    torch.float16: torch.int16,
-    torch.bfloat16: torch.int16,
-    torch.float64: torch.int64,
-}
-_POPCOUNT_BYTE = np.array([bin(value).count("1") for value in range(256)], dtype=np.int64)
 
 
 def apply_bitmask_inplace(
@@ -62,7 +58,7 @@ def apply_bitmask_inplace(
     active = _active_rows(token_mask, logits.shape[0])
     if not active.any():
         return
-    int_logits, neg_inf = _int_view(logits)
+    int_logits, neg_inf = int_view(logits)
     int_array: LogitsArray = int_logits.numpy()  # shares memory and strides with logits
     num_columns = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
     words = covered_words(bitmask, num_columns)
@@ -107,26 +103,6 @@ def _active_rows(token_mask: torch.Tensor | None, num_rows: int) -> BoolArray:
     return np.asarray(token_mask.numpy() != 0, dtype=np.bool_)
 
 
-def _neg_inf_bits(dtype: torch.dtype) -> int:
-    """The bit pattern of -inf in ``dtype``, read as a signed integer of the same width."""
-    return int(torch.tensor(float("-inf"), dtype=dtype).view(_INT_VIEW[dtype]).item())
-
-
-_NEG_INF_BITS = {dtype: _neg_inf_bits(dtype) for dtype in _INT_VIEW}
-
-
-def _int_view(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Same-size integer view of ``logits`` (same strides) and the bit pattern of -inf in it."""
-    return logits.view(_INT_VIEW[logits.dtype]), _NEG_INF_BITS[logits.dtype]
-
-
-def covered_words(bitmask: torch.Tensor, num_columns: int) -> WordArray:
-    """``[B, ceil(num_columns / 32)]`` C-contiguous little-endian words covering the columns."""
-    num_words = -(-num_columns // BITS_PER_WORD)
-    words = bitmask.numpy()[:, :num_words]
-    return np.ascontiguousarray(words, dtype=np.dtype("<i4"))
-
-
 def _mask_uncovered_columns(
     int_array: LogitsArray, active: BoolArray, num_columns: int, neg_inf: int
 ) -> None:
@@ -134,50 +110,6 @@ def _mask_uncovered_columns(
     if int_array.shape[1] > num_columns:
         for row in np.flatnonzero(active).tolist():
             int_array[row, num_columns:] = neg_inf
-
-
-def _popcount(words: WordArray) -> npt.NDArray[np.integer[Any]]:
-    """Number of set bits of each int32 word (two's complement, so -1 has 32)."""
-    if hasattr(np, "bitwise_count"):  # numpy >= 2.0; counts |x| for signed ints, so go unsigned
-        counts: npt.NDArray[np.integer[Any]] = np.bitwise_count(words.view(np.uint32))
-        return counts
-    as_bytes = np.ascontiguousarray(words, dtype=np.dtype("<i4")).view(np.uint8)
-    byte_counts: IntArray = _POPCOUNT_BYTE[as_bytes].reshape(*words.shape, 4)
-    word_counts: IntArray = byte_counts.sum(axis=-1)
-    return word_counts
-
-
-def count_allowed_bits(words: WordArray, num_columns: int) -> IntArray:
-    """Allowed columns per row: set bits below ``num_columns`` (padding bits do not count)."""
-    counts: IntArray = _popcount(words).sum(axis=1, dtype=np.int64)
-    tail_bits = num_columns % BITS_PER_WORD
-    if tail_bits:
-        padding = np.int32(~((1 << tail_bits) - 1))
-        counts -= _popcount(words[:, -1] & padding)
-    return counts
-
-
-def bit_positions(
-    words: WordArray, rows: BoolArray, *, allowed: bool, num_columns: int
-) -> tuple[IntArray, IntArray]:
-    """(row, column) int64 arrays of the allowed (or forbidden) columns of the selected rows.
-
-    Only words that hold at least one wanted bit are unpacked, and within them only such bytes.
-    """
-    skip_word = _NO_BITS if allowed else ALL_ALLOWED_WORD
-    skip_byte = _NO_BITS if allowed else _ALL_BITS_BYTE
-    flat_words = np.flatnonzero((words != skip_word) & rows[:, None])
-    word_bytes = words.reshape(-1)[flat_words].view(np.uint8)  # 4 bytes per word, LSB first
-    kept_bytes = np.flatnonzero(word_bytes != skip_byte)
-    bits = np.unpackbits(word_bytes[kept_bytes], bitorder="little")
-    hits = np.flatnonzero(bits if allowed else bits == 0)
-    byte_index = kept_bytes[hits >> 3]  # 8 bits per byte, 4 bytes per word, 32 bits per word
-    flat_bits = (flat_words[byte_index >> 2] << 5) | ((byte_index & 3) << 3) | (hits & 7)
-    row_index, columns = np.divmod(flat_bits, words.shape[1] * BITS_PER_WORD)
-    if num_columns % BITS_PER_WORD:
-        inside = columns < num_columns
-        row_index, columns = row_index[inside], columns[inside]
-    return row_index, columns
 
 
 def _patch_rows(

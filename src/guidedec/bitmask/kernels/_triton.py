@@ -34,7 +34,7 @@ import torch
 import triton  # type: ignore[import-untyped]
 import triton.language as tl  # type: ignore[import-untyped]
 
-from guidedec.bitmask.kernels._cpu import _int_view
+from guidedec.bitmask.kernels.common import int_view
 from guidedec.bitmask.layout import BITS_PER_WORD
 
 BLOCK_WORDS = 32  # 1024 columns per program: ~130 programs per row of a 129k vocabulary
@@ -133,7 +133,7 @@ def apply_bitmask_inplace(
     d2t: torch.Tensor | None,
 ) -> None:
     """Set every logit whose token the bitmask forbids to -inf, in place (see the package docs)."""
-    int_logits, neg_inf = _int_view(logits)
+    int_logits, neg_inf = int_view(logits)
     gate = None if token_mask is None else token_mask.to(torch.int32).contiguous()
     interpreted = logits.device.type == "cpu"
     num_rows, num_columns = logits.shape

@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +27,18 @@ from guidedec.grammar.auto import AutoMatcherFactory
 
 BACKENDS = ("xgrammar", "llguidance", "auto")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REQUIRE_DATA_ENV = "GUIDEDEC_REQUIRE_DATA"
+"""Set to 1 (CI sets it) and a ``data`` test whose shared data is missing fails instead of
+skipping: a clone without the data must not pass for one with it."""
+
+
+def missing_data(what: Path) -> None:
+    """End the current test for want of the shared data ``what``: a failure under
+    ``GUIDEDEC_REQUIRE_DATA=1``, else a skip."""
+    message = f"shared test data not found: {what}"
+    if os.environ.get(REQUIRE_DATA_ENV) == "1":
+        pytest.fail(f"{message} ({REQUIRE_DATA_ENV}=1)", pytrace=False)
+    pytest.skip(message)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,6 +47,24 @@ def pytest_configure(config: pytest.Config) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``data`` test, ``@pytest.mark.data`` or ``@pytest.mark.data("path/under/data")``, runs
+    only where its data is (see :func:`missing_data`)."""
+    for marker in item.iter_markers("data"):
+        for path in [DATA.joinpath(*part.split("/")) for part in marker.args] or [DATA]:
+            if not path.exists():
+                missing_data(path)
+
+
+def data_params(values: list[Any], *parts: str) -> list[Any]:
+    """``values`` read at collection from the shared data file ``parts``, for parametrize;
+    where that file is absent, one ``data`` case that fails or skips as :func:`missing_data`
+    says (an empty list would make pytest skip the test without a word)."""
+    if values or DATA.joinpath(*parts).exists():
+        return values
+    return [pytest.param(None, marks=pytest.mark.data("/".join(parts)), id="missing-data")]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -114,10 +145,10 @@ def factory(
 
 
 def data_path(*parts: str) -> Path:
-    """A file of the shared public test data; the test is skipped where it is absent."""
+    """A file of the shared public test data (see :func:`missing_data` where it is absent)."""
     path = DATA.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"test data not found: {path}")
+        missing_data(path)
     return path
 
 

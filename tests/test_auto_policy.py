@@ -246,6 +246,7 @@ def covers(
     )
 
 
+@pytest.mark.data("jsonschemabench")
 def test_auto_covers_real_schemas_that_each_backend_misses(
     make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo
 ) -> None:

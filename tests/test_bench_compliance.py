@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from conftest import DATA, missing_data
 from guidedec.bench.compliance import main
 from guidedec.bench.compliance_worker import ALL, BACKENDS, CRASH_ENV
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+pytestmark = pytest.mark.data
 JME = DATA / "jsonschemabench" / "JME.jsonl"
 SUITE_FILE = DATA / "json-schema-test-suite" / "tests" / "draft2020-12" / "maxLength.json"
 
@@ -74,8 +75,9 @@ RECORD_FIELDS = {
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
-    if not JME.exists() or not SUITE_FILE.exists():
-        pytest.skip(f"shared data not found under {DATA}")
+    for path in (JME, SUITE_FILE):
+        if not path.exists():
+            missing_data(path)
     tmp = tmp_path_factory.mktemp("compliance")
     for name, items in (("good", GOOD), ("bad", BAD), ("approx", APPROX)):
         (tmp / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in items) + "\n")

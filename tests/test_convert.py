@@ -37,6 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import DATA, data_params, data_path
 from guidedec.grammar.convert import (
     Alt,
     CharClass,
@@ -57,16 +58,15 @@ from guidedec.grammar.convert import (
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-GRAMMARS = Path(__file__).resolve().parents[2] / "shared" / "data" / "grammars"
+GRAMMARS = DATA / "grammars"
+LLAMA_CPP_CASES = ("grammars", "llama.cpp", "tests-extracted", "test-grammar-integration.json")
+XGRAMMAR_CASES = ("grammars", "xgrammar", "tests-extracted", "test_grammar_matcher_ebnf.json")
 VOCAB_SIZE = 129280
 EOS = 1
 
 
 def data_file(*parts: str) -> Path:
-    path = GRAMMARS.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"test data not found: {path}")
-    return path
+    return data_path("grammars", *parts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class GrammarCase:
 
 
 def llama_cpp_cases() -> list[GrammarCase]:
-    path = GRAMMARS / "llama.cpp" / "tests-extracted" / "test-grammar-integration.json"
+    path = DATA.joinpath(*LLAMA_CPP_CASES)
     if not path.exists():
         return []
     cases = []
@@ -182,7 +182,7 @@ def _parameter_rows(test: dict[str, Any]) -> list[dict[str, Any]]:
 
 def xgrammar_suite_cases() -> list[GrammarCase]:
     """xgrammar's tests/python/test_grammar_matcher_ebnf.py, as recorded calls."""
-    path = GRAMMARS / "xgrammar" / "tests-extracted" / "test_grammar_matcher_ebnf.json"
+    path = DATA.joinpath(*XGRAMMAR_CASES)
     if not path.exists():
         return []
     doc = json.loads(path.read_text())
@@ -328,21 +328,31 @@ LEFT_RECURSIVE = {
 }
 
 
-@pytest.mark.parametrize("case", llama_cpp_cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case",
+    data_params(llama_cpp_cases(), *LLAMA_CPP_CASES),
+    ids=lambda c: c.name,
+)
 def test_llama_cpp_integration_grammars_give_expected_verdicts_on_both_backends(
     backends: Backends, case: GrammarCase
 ) -> None:
     assert_same_language(backends, *ebnf_pair(backends, case.ebnf), case.strings)
 
 
-@pytest.mark.parametrize("case", xgrammar_suite_cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case",
+    data_params(xgrammar_suite_cases(), *XGRAMMAR_CASES),
+    ids=lambda c: c.name,
+)
 def test_xgrammar_ebnf_suite_gives_expected_verdicts_on_both_backends(
     backends: Backends, case: GrammarCase
 ) -> None:
     assert_same_language(backends, *ebnf_pair(backends, case.ebnf), case.strings)
 
 
-@pytest.mark.parametrize("path", gbnf_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", data_params(gbnf_files(), "grammars", "llama.cpp"), ids=lambda p: p.name
+)
 def test_llama_cpp_grammar_files_agree_on_sampled_strings_and_mutants(
     backends: Backends, path: Path
 ) -> None:
@@ -416,7 +426,9 @@ def test_ebnf_dialect_details_mean_the_same_on_both_backends(
     assert_same_language(backends, *ebnf_pair(backends, ebnf), dict(strings))
 
 
-@pytest.mark.parametrize("path", gbnf_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", data_params(gbnf_files(), "grammars", "llama.cpp"), ids=lambda p: p.name
+)
 def test_normalize_ebnf_is_a_fixed_point_and_compiles_on_xgrammar(
     backends: Backends, path: Path
 ) -> None:

@@ -121,6 +121,7 @@ def check_case(
             tally.mismatch(case, instance, mismatch_cause(factory, tokenizer, case, instance))
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("dataset", with_slow_marks(INSTANCE_DATASETS))
 def test_valid_instances_are_accepted_and_invalid_ones_rejected(
     dataset: str,

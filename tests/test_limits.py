@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import DATA as SHARED_DATA
+from conftest import missing_data
 from guidedec import GuidedDecodingParams
 from guidedec.errors import GrammarError
 from guidedec.grammar.config import GuidedDecodingConfig
@@ -17,7 +18,7 @@ from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.limits import GuideLimits
 from guidedec.tokenizer import TokenizerInfo
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+DATA = SHARED_DATA / "jsonschemabench"
 
 HOSTILE: dict[str, tuple[dict[str, Any], str]] = {
     "nested groups": (
@@ -117,11 +118,12 @@ def test_a_dict_nested_too_deep_is_a_value_error() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.data("jsonschemabench")
 def test_every_real_schema_passes() -> None:
     """The defaults leave every schema of the shared JSONSchemaBench subsets alone."""
     files = sorted(DATA.glob("*.jsonl"))
     if not files:
-        pytest.skip(f"shared data not found under {DATA}")
+        missing_data(DATA / "*.jsonl")
     limits = GuideLimits()
     for path in files:
         for line in path.read_text(encoding="utf-8").split("\n"):

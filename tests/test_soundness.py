@@ -168,6 +168,7 @@ def judge_all(
     return counts, invalid
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("dataset", with_slow_marks(DATASETS))
 def test_every_terminated_output_follows_its_guide(
     dataset: str,

@@ -39,8 +39,8 @@ demo: $(STAMP)
 		--max-tokens 128 "A person, as JSON:" "The admin's user record:" "Describe a guest."
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
 
 test: lint

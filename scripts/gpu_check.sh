@@ -30,10 +30,10 @@ timeout "$(left 150)" "$VPY" -m pytest -q -m gpu -p no:cacheprovider --junitxml=
     > "$OUT/gpu_tests.txt" 2>&1
 tests_rc=$?
 tail -5 "$OUT/gpu_tests.txt"
-timeout "$(left 120)" "$VPY" benchmarks/bench_gpu_apply.py --out "$OUT/apply" > "$OUT/apply.txt" 2>&1
+timeout "$(left 120)" "$VPY" -m guidedec bench gpu-apply --out "$OUT/apply" > "$OUT/apply.txt" 2>&1
 bench_rc=$?
 cat "$OUT/apply.txt"
-timeout "$(left 60)" "$VPY" benchmarks/bench_graphs.py --device cuda --batch 8 --tokens 64 \
+timeout "$(left 60)" "$VPY" -m guidedec bench graphs --device cuda --batch 8 --tokens 64 \
     --out "$OUT/graphs" > "$OUT/graphs.txt" 2>&1
 graphs_rc=$?
 tail -3 "$OUT/graphs.txt"

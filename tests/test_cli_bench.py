@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from guidedec.bench.cases import PERSON_SCHEMA
 from guidedec.cli import main
+from guidedec.cli_bench import MODULES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_benchmark_is_a_module_of_the_package_with_a_main() -> None:
+    optional = {"vllm", "triton"}  # what those benchmarks compare against or run on
+    for name, module_name in MODULES.items():
+        try:
+            module = importlib.import_module(f"guidedec.bench.{module_name}")
+        except ModuleNotFoundError as exc:
+            assert exc.name in optional, (name, exc.name)
+            continue
+        assert callable(module.main), name
+
+
+def test_a_benchmark_whose_dependency_is_missing_says_which(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    assert main(["bench", "vllm"]) != 0
+    assert "needs vllm, not installed here" in capsys.readouterr().err
+
+
+def test_the_person_schema_is_the_example_file() -> None:
+    example = json.loads((ROOT / "examples" / "person.schema.json").read_text())
+    example.pop("$schema")
+    assert example == PERSON_SCHEMA
 
 
 def test_bench_apply_runs_the_apply_benchmark(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,33 +1,37 @@
 """``guidedec bench``: the measuring instruments behind one command.
 
-``compliance`` is part of the package; ``apply``, ``closing``, ``decoder``, ``disk-cache``,
-``e2e``, ``fill``, ``jump-forward``, ``robustness`` and ``vllm`` (in ``.venv-vllm``) run the
-scripts of the same names in the source checkout's ``benchmarks/`` folder (they are developer
-tools that compare against other libraries, so they are not installed with the package).
+Each benchmark is a module of :mod:`guidedec.bench`, installed with the package: ``compliance``,
+``apply``, ``closing``, ``decoder``, ``disk-cache``, ``e2e``, ``fill``, ``jump-forward``,
+``robustness``, and ``vllm`` (where vLLM is installed), plus ``gil``, ``gpu-apply`` and
+``graphs``. The ones that read the public test data find it beside a source checkout
+(``../shared/data``) or in ``$GUIDEDEC_DATA``.
 """
 
 from __future__ import annotations
 
 import argparse
-import runpy
-import sys
+import importlib
 from pathlib import Path
 from typing import Any
 
 from guidedec.bench.text import plain
 
-SCRIPTS = {
-    "apply": "bench_apply.py",
-    "closing": "bench_closing.py",
-    "decoder": "bench_decoder.py",
-    "disk-cache": "bench_disk_cache.py",
-    "e2e": "bench_e2e.py",
-    "fill": "bench_fill.py",
-    "jump-forward": "bench_jump_forward.py",
-    "robustness": "bench_robustness.py",
-    "vllm": "bench_vllm.py",
+MODULES = {
+    "compliance": "compliance",
+    "apply": "apply",
+    "closing": "closing",
+    "decoder": "decoder",
+    "disk-cache": "disk_cache",
+    "e2e": "e2e",
+    "fill": "fill",
+    "gil": "gil",
+    "gpu-apply": "gpu_apply",
+    "graphs": "graphs",
+    "jump-forward": "jump_forward",
+    "robustness": "robustness",
+    "vllm": "vllm",
 }
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+"""Benchmark name -> its module under ``guidedec.bench`` (each has ``main(argv)``)."""
 
 
 class BenchError(RuntimeError):
@@ -37,14 +41,13 @@ class BenchError(RuntimeError):
 def add_bench(commands: Any) -> None:
     run = commands.add_parser(
         "bench",
-        help="run a benchmark (compliance, apply, closing, decoder, disk-cache, e2e, fill, "
-        "jump-forward, robustness, vllm)",
+        help=f"run a benchmark ({', '.join(MODULES)})",
         description=plain(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument(
         "name",
-        choices=["compliance", *SCRIPTS, "readme"],
+        choices=[*MODULES, "readme"],
         help="which benchmark ('readme': put bench-out/*/summary.md into README.md)",
     )
     run.add_argument("args", nargs=argparse.REMAINDER, help="its options (see NAME --help)")
@@ -53,26 +56,22 @@ def add_bench(commands: Any) -> None:
 
 def bench(args: argparse.Namespace) -> int:
     """Run one benchmark with its own command-line options."""
-    if args.name == "compliance":
-        from guidedec.bench.compliance import main
-
-        return main(args.args)
     if args.name == "readme":
         return update_readme(args.args)
-    script = BENCHMARKS / SCRIPTS[args.name]
-    if not script.is_file():
-        raise BenchError(
-            f"{script} not found: 'guidedec bench {args.name}' runs from a source checkout"
-        )
-    saved = sys.argv
-    sys.argv = [str(script), *args.args]
+    name = MODULES[args.name]
     try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
+        module = importlib.import_module(f"guidedec.bench.{name}")
+    except ModuleNotFoundError as exc:  # vllm, triton: what a benchmark compares against
+        if exc.name is None or exc.name.startswith("guidedec"):
+            raise
+        raise BenchError(
+            f"'guidedec bench {args.name}' needs {exc.name}, not installed here"
+        ) from exc
+    try:
+        code = module.main(args.args)
+    except SystemExit as exc:  # argparse: --help, a bad option
         return int(exc.code or 0) if isinstance(exc.code, int | None) else 1
-    finally:
-        sys.argv = saved
-    return 0
+    return int(code or 0)
 
 
 def update_readme(argv: list[str]) -> int:

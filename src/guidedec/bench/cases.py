@@ -1,9 +1,40 @@
-"""(JSON schema, instance) pairs shared by the benchmarks: structural positions give sparse
-mask rows, string contents give dense ones."""
+"""The benchmarks' shared inputs: (JSON schema, instance) pairs (structural positions give sparse
+mask rows, string contents give dense ones), the person schema of the end-to-end runs, and where
+the public test data lives."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+SHARED_DATA = Path(
+    os.environ.get("GUIDEDEC_DATA") or Path(__file__).resolve().parents[4] / "shared" / "data"
+)
+"""The public test data (JSON-Schema-Test-Suite, JSONSchemaBench, grammars): ``shared/data``
+beside the source checkout, or the folder ``$GUIDEDEC_DATA`` names."""
+
+PERSON_SCHEMA: dict[str, Any] = {
+    "title": "Person",
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "active": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+    },
+    "required": ["name", "age", "role", "active", "tags"],
+    "additionalProperties": False,
+}
+"""``examples/person.schema.json`` (without its ``$schema``): the end-to-end benchmarks' item."""
+
+
+def person_array_schema(tokens: int) -> dict[str, Any]:
+    """An array of at least ``tokens + 1`` persons: no output of ``tokens`` tokens completes it
+    (every item takes at least one token), so guided requests always run to ``max_tokens``."""
+    return {"type": "array", "items": PERSON_SCHEMA, "minItems": tokens + 1}
+
 
 JSON_CASES: list[tuple[dict[str, Any], Any]] = [
     (

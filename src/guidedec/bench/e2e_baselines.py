@@ -1,4 +1,4 @@
-"""What ``benchmarks/bench_e2e.py`` measures ``guidedec.LLM`` against, in the same process and
+"""What ``guidedec bench e2e`` measures ``guidedec.LLM`` against, in the same process and
 on the same weights: ``transformers`` ``model.generate`` running guidedec's own
 ``GuidedLogitsProcessor`` on a left-padded batch; and, in fresh processes, the peak RSS of one
 guided batch with the engine's batched runner and with the per-sequence runner it replaced.

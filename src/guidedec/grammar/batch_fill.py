@@ -28,7 +28,7 @@ FILL_MODES: tuple[str, ...] = get_args(FillMode)
 
 MIN_PARALLEL_ROWS = 4
 """Fewer rows of one backend are always filled one by one: a parallel call then costs more than
-it saves (measured by ``benchmarks/bench_fill.py``)."""
+it saves (measured by ``guidedec bench fill``)."""
 PROBES = 12
 """Calls of a bucket that ``"auto"`` fills both ways, timed, before it picks one (even: half
 start with each way)."""

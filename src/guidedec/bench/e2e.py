@@ -21,13 +21,12 @@ threads (default 1: on a small shared machine a second intra-op thread did not s
 ``tiny-random`` up, and made a run up to 5x slower whenever another process took a core).
 ``--out DIR`` also writes ``bench_e2e.json``.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_e2e.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench e2e``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,12 +38,12 @@ from typing import Any
 import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.bench.cases import person_array_schema
 from guidedec.bench.e2e_baselines import peak_rss_kib, transformers_generate
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bench.text import plain
 
-SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 MODES = ("unguided", "sequential", "overlapped", "jump-forward", "transformers")
 GUIDED_MODES = MODES[1:4]  # the engine's
 TARGET_JUMP = 1.1  # jump-forward guided tokens/s over unguided, batch 8
@@ -72,14 +71,6 @@ class Sample:
     @property
     def tokens_per_cpu_s(self) -> float:
         return self.tokens / self.cpu_s
-
-
-def bench_schema(tokens: int) -> dict[str, Any]:
-    """An array of at least ``tokens + 1`` persons: no output of ``tokens`` tokens completes it
-    (every item takes at least one token), so guided requests always run to ``max_tokens``."""
-    person = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-    person.pop("$schema", None)
-    return {"type": "array", "items": person, "minItems": tokens + 1}
 
 
 def make_params(
@@ -280,14 +271,14 @@ def main(argv: list[str] | None = None) -> None:
     jumper = LLM(
         "tiny-random", backend=args.backend, max_num_seqs=max(args.batches), jump_forward=True
     )
-    guide = GuidedDecodingParams(json_schema=bench_schema(args.tokens))
+    guide = GuidedDecodingParams(json_schema=person_array_schema(args.tokens))
     warm_up(llm, jumper, guide, max(args.batches), args.seed)
     samples = run_rounds(llm, jumper, args, guide)
     rows = [summarize(batch, samples[batch]) for batch in args.batches]
     llm.close()
     jumper.close()
     rss = (
-        peak_rss_kib(args.rss_batch, args.tokens, bench_schema(args.tokens))
+        peak_rss_kib(args.rss_batch, args.tokens, person_array_schema(args.tokens))
         if args.rss_batch
         else None
     )
@@ -317,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
 def header(args: argparse.Namespace, load: float, load_end: float) -> str:
     return (
         f"model: tiny-random; backend: {args.backend}; {args.tokens} tokens per request in every "
-        f"mode; guide: array (minItems {args.tokens + 1}) of {SCHEMA_FILE.name}; temperature 1; "
+        f"mode; guide: array (minItems {args.tokens + 1}) of person.schema.json; temperature 1; "
         f"repeats: {args.repeats}; torch threads: {torch.get_num_threads()}; "
         f"load avg: {load:.2f} at start, {load_end:.2f} at end\n"
         "tok/s: medians over repeats (wall clock); ratios: medians of per-round pairs; guided "
@@ -334,7 +325,7 @@ def write_json(
         "model": "tiny-random",
         "backend": args.backend,
         "tokens_per_request": args.tokens,
-        "guide": {"schema_file": f"examples/{SCHEMA_FILE.name}", "min_items": args.tokens + 1},
+        "guide": {"schema_file": "examples/person.schema.json", "min_items": args.tokens + 1},
         "temperature": 1.0,
         "repeats": args.repeats,
         "seed": args.seed,

@@ -22,7 +22,7 @@ of the per-repeat ratios (paired, so noise cancels); "overhead %" is ``(ratio - 
 build + rollback against accept + fill + rollback (``add_batch`` is shown apart). Target: at most
 10% overhead. Prints a Markdown table; ``--out DIR`` also writes ``bench_decoder.json``.
 
-Run: ``HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/bench_decoder.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench decoder``
 """
 
 from __future__ import annotations
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
     rows = []
     for backend in args.backends:
-        # One row at a time, as the raw path: bench_fill.py measures the parallel fills.
+        # One row at a time, as the raw path: `guidedec bench fill` measures the parallel fills.
         config = GuidedDecodingConfig(backend=backend, tokenizer=tok, fill_mode="sequential")
         factory = create_grammar_matcher_factory(config)
         for batch in args.batches:

@@ -14,7 +14,7 @@ the ratio measures the static-cache path (attention over the whole preallocated 
 the dynamic one. ``--out DIR`` writes ``bench_graphs.json``; the exit status is 1 when the
 outputs differ.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_graphs.py --device cpu --tokens 16``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench graphs --device cpu --tokens 16``
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from bench_e2e import SCHEMA_FILE, bench_schema
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.bench.cases import person_array_schema
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report
 from guidedec.bench.text import plain
@@ -47,7 +47,7 @@ def run_mode(args: argparse.Namespace, cuda_graphs: bool) -> dict[str, Any]:
         dtype=args.dtype,
         cuda_graphs=cuda_graphs,
     )
-    guide = GuidedDecodingParams(json_schema=bench_schema(args.tokens))
+    guide = GuidedDecodingParams(json_schema=person_array_schema(args.tokens))
     prompts = [f"Record {i}: a person, as JSON." for i in range(args.batch)]
     llm.generate(prompts, params(args.batch, 4, guide))  # compile, capture (not timed)
     rates, outputs = [], []
@@ -88,7 +88,7 @@ def report(args: argparse.Namespace, modes: dict[str, dict[str, Any]]) -> dict[s
         "backend": args.backend,
         "batch": args.batch,
         "tokens_per_request": args.tokens,
-        "guide": {"schema_file": f"examples/{SCHEMA_FILE.name}", "min_items": args.tokens + 1},
+        "guide": {"schema_file": "examples/person.schema.json", "min_items": args.tokens + 1},
         "repeats": args.repeats,
         "eager_tokens_per_s": eager["tokens_per_s"],
         "graphs_tokens_per_s": graphs["tokens_per_s"],

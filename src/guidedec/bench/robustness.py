@@ -12,7 +12,7 @@ time alone, RSS after the suite within 500 MB of before it. The guides that cras
 backend run again with the limits lifted, so that compile isolation alone stands in front of
 the backend.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_robustness.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench robustness``
 """
 
 from __future__ import annotations
@@ -95,9 +95,12 @@ def healthy_params(seed: int) -> SamplingParams:
     )
 
 
-def run(llm: LLM, guides: dict[str, GuidedDecodingParams]) -> tuple[list[str], list[dict]]:
+def run(
+    llm: LLM, guides: dict[str, GuidedDecodingParams]
+) -> tuple[list[str], list[dict[str, Any]]]:
     """Each hostile guide beside a healthy request (after the healthy one alone)."""
-    rows, records = [], []
+    rows: list[str] = []
+    records: list[dict[str, Any]] = []
     for i, (name, guide) in enumerate(guides.items()):
         start = time.perf_counter()
         alone = llm.generate(["A person:"], [healthy_params(i + 1)])[0]
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(text)
     if args.out is not None:
-        report = {"environment": environment(), "records": records}
+        report: dict[str, Any] = {"environment": environment(), "records": records}
         report |= {"isolation_only": lifted_records}
         report |= {"rss_before_mb": rss_before, "rss_after_mb": rss_after}
         write_report(args.out, "bench_robustness", report)

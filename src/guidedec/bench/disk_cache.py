@@ -7,7 +7,7 @@ factory, nothing cached), the write of its entry, and the read back by a factory
 afterwards (what a restarted server does), each the median of ``--repeat`` rounds; plus the
 entry's size on disk. Reported per schema and in total: compile ms, read ms, their ratio.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_disk_cache.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench disk-cache``
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from guidedec.bench.cases import SHARED_DATA
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
 from guidedec.bench.text import plain
@@ -29,7 +31,7 @@ from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.xgrammar_backend import XGrammarMatcherFactory
 from guidedec.tokenizer import TokenizerInfo
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jsonschemabench"
+DATA = SHARED_DATA / "jsonschemabench"
 
 
 def candidates(data: Path, per_subset: int) -> list[tuple[str, str]]:
@@ -72,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
             continue
         timed.append((time.perf_counter() - start, name, schema))
     timed.sort(reverse=True)
-    rows, records, too_large = [], [], []
+    rows: list[str] = []
+    records: list[dict[str, Any]] = []
+    too_large: list[str] = []
     for _, name, schema in timed[: args.top]:
         params = GuidedDecodingParams(json_schema=schema)
         compiles, writes, reads, size = [], [], [], 0

@@ -19,7 +19,7 @@ best-of-two, both as medians of per-repeat ratios (paired, so machine noise canc
 ``auto`` settled on per bucket is listed too. Prints a Markdown table; ``--out DIR`` also
 writes ``bench_fill.json`` and a plot.
 
-Run: ``HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/bench_fill.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench fill``
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ output tokens that came as accepted forced drafts, the acceptance of the propose
 engine steps per output and the tokens/s, on over off. Targets, long-keys row: steps at most
 0.6x, tokens/s at least 1.3x.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_jump_forward.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench jump-forward``
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.bench.cases import SHARED_DATA
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
 from guidedec.bench.text import plain
 from guidedec.errors import GrammarError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+DATA = SHARED_DATA / "jsonschemabench"
 SUBSETS = ("Github_easy", "Glaiveai2K", "Kubernetes", "Handwritten", "Synthesized", "MCPspec")
 LONG_KEYS = {
     "type": "object",

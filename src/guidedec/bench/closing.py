@@ -15,7 +15,7 @@ generated token; for closing the search time, searches, forced rows and redraws.
 complete with closing wherever a completion fits the budget; no ``stop`` output that breaks
 its schema.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_closing.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench closing``
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ import jsonschema
 import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
+from guidedec.bench.cases import SHARED_DATA
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bench.text import plain
 from guidedec.errors import GrammarError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+DATA = SHARED_DATA / "jsonschemabench"
 SUBSETS = ("Github_easy", "Glaiveai2K", "Kubernetes", "Handwritten", "Synthesized")
 BUDGETS = (24, 40, 64)
 REGEX = r"[A-Z][a-z]{2,12} (is|was) [0-9]{1,4} (km|m) (north|south)\."

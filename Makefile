@@ -32,7 +32,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_plugin.py
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_vllm_plugin.py
 
 demo: $(STAMP)
 	$(PY) -m guidedec generate --json-schema examples/person.schema.json --whitespace compact \

@@ -17,9 +17,6 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton kernel needs the optional triton package")
 
-from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask
-from guidedec.bitmask.kernels import _triton, resolve_backend
-from guidedec.testing import bool_mask_to_bitmask, mixed_density_bitmask, random_bitmask
 from test_apply_kernels import (
     apply_cases,
     assert_bit_identical,
@@ -27,6 +24,10 @@ from test_apply_kernels import (
     random_logits,
     strided_view,
 )
+
+from guidedec.bitmask import BITMASK_DTYPE, apply_bitmask
+from guidedec.bitmask.kernels import _triton, resolve_backend
+from guidedec.testing import bool_mask_to_bitmask, mixed_density_bitmask, random_bitmask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 VOCABS = [1, 31, 32, 33, 1000, 4099]  # 4099 spans five 1024-column blocks

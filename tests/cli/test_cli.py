@@ -15,7 +15,7 @@ from guidedec import GuideType
 from guidedec.cli import build_parser, main
 from guidedec.cli_generate import GRAMMAR_ERROR_STATUS, load_guide, sampling_params
 
-SCHEMA_FILE = Path(__file__).resolve().parents[1] / "examples" / "person.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "examples" / "person.schema.json"
 LINE = re.compile(r"^\[(\d+)\] (stop|length|grammar_error|abort): (.*)$")
 SUMMARY = re.compile(
     r"guidedec: (\d+) prompts?, (\d+) generated tokens? in [\d.]+ s \([\d.]+ tokens/s\); "

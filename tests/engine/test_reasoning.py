@@ -16,7 +16,7 @@ import torch
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.engine.reasoning import ReasoningParser
 from guidedec.server import create_app
-from test_server_compat import _serve
+from live_server import serve
 
 END = 128822  # </think> in the bundled tokenizer
 START = 128821  # <think>
@@ -148,7 +148,7 @@ def test_qwen3_parts_an_output_without_think_as_content() -> None:
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     engine = LLM("tiny-random", max_num_seqs=4, json_whitespace="compact", reasoning_parser="qwen3")
-    yield from _serve(create_app(engine))
+    yield from serve(create_app(engine))
 
 
 def test_served_reasoning_content_streaming_or_not(server: str) -> None:
@@ -176,7 +176,7 @@ def test_served_reasoning_content_streaming_or_not(server: str) -> None:
 
 def test_thinking_token_budget_needs_a_parser() -> None:
     engine = LLM("tiny-random", max_num_seqs=1)
-    for url in _serve(create_app(engine)):
+    for url in serve(create_app(engine)):
         body = {"model": "tiny-random", "prompt": "x", "thinking_token_budget": 3}
         response = httpx.post(f"{url}/v1/completions", json=body)
         assert response.status_code == 400

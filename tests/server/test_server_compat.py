@@ -14,38 +14,23 @@ import httpx
 import jsonschema
 import openai
 import pytest
-import uvicorn
+from test_server import PERSON, TAG, TIME_TOOL, WEATHER_TOOL
 
 import guidedec
 from guidedec import LLM
 from guidedec.server import create_app
 from guidedec.server.app import DEFAULT_CHAT_TOKENS
 from guidedec.server.protocol import UNSUPPORTED
-from test_server import PERSON, TAG, TIME_TOOL, WEATHER_TOOL, free_port
+from live_server import serve
 
 KEY = "sk-test-key"
 MODEL = "tiny-random"
 
 
-def _serve(app: Any) -> Iterator[str]:
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not instance.started:
-        assert time.time() < deadline, "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    instance.should_exit = True
-    thread.join(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     llm = LLM(MODEL, max_num_seqs=8, json_whitespace="compact")
-    yield from _serve(create_app(llm))
+    yield from serve(create_app(llm))
 
 
 @pytest.fixture(scope="module")
@@ -346,7 +331,7 @@ def test_streamed_tool_calls_with_the_sdk_stream_helper(client: openai.OpenAI) -
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[str]:
     llm = LLM(MODEL, max_num_seqs=2)
-    yield from _serve(create_app(llm, api_key=KEY, allowed_origins=["https://app.example"]))
+    yield from serve(create_app(llm, api_key=KEY, allowed_origins=["https://app.example"]))
 
 
 def test_an_api_key_guards_v1_and_leaves_health_open(guarded: str) -> None:

@@ -13,7 +13,7 @@ from guidedec.bench.cases import PERSON_SCHEMA
 from guidedec.cli import main
 from guidedec.cli_bench import MODULES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_benchmark_is_a_module_of_the_package_with_a_main() -> None:

@@ -1,8 +1,9 @@
 """Decoder layer: request snapshots and the batched GuidedDecoder."""
 
-from guidedec.decoder.base import BaseGuidedDecoder, DecoderStats, RequestError
+from guidedec.decoder.base import BaseGuidedDecoder, DecoderStats
 from guidedec.decoder.decoder import GuidedDecoder
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.decoder.rows import RequestError
 
 __all__ = [
     "BaseGuidedDecoder",

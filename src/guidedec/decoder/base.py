@@ -25,32 +25,13 @@ from guidedec.bitmask import (
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.decoder.rows import DEAD_END, Failure, RequestError, RowFill, RowFilling
+from guidedec.decoder.slots import SlotState
 from guidedec.decoder.streams import StepSync
-from guidedec.errors import REQUEST_ERRORS, GuidedecError
+from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
-
-Failure = tuple[int, str]
-DEAD_END = "reached a grammar state that allows no token (dead end)"
-SLOW_FILLS = 3
-"""Fills in a row past ``mask_time_limit_ms`` (after a request's first) that fail it."""
-
-
-class RequestError(GuidedecError):
-    """Why one request cannot go on; collected by ``build``, never raised to the caller."""
-
-
-class _RowFill:
-    """A request whose rows ``build`` is filling: the next is ``row`` (``offset + position``)."""
-
-    __slots__ = ("drafts", "matcher", "position", "req", "row")
-
-    def __init__(
-        self, req: GuidedRequest, matcher: GrammarMatcher, row: int, drafts: tuple[int, ...]
-    ) -> None:
-        self.req, self.matcher, self.row, self.drafts = req, matcher, row, drafts
-        self.position = 0
 
 
 @dataclass(slots=True)
@@ -64,13 +45,14 @@ class DecoderStats:
     failures: int = 0
 
 
-class BaseGuidedDecoder:
+class BaseGuidedDecoder(RowFilling):
     """Batched guided decoding over ``max_num_sequences`` sequence slots: one step at a time.
 
     Buffers: ``max_num_sequences * (max_num_draft_tokens + 1)`` bitmask rows of
     ``ceil(vocab_size / 32)`` int32 words, and an int32 ``token_mask`` per row (1 = apply the row).
-    Per slot counters, for speculative decoding: ``num_advanced_tokens`` (matcher advances in the
-    last build), ``num_guided_tokens`` (rows filled in the last build),
+    Per slot state (``slots``, a :class:`~guidedec.decoder.slots.SlotState`): the matcher
+    (``grammar_matchers``) and the counters of speculative decoding, ``num_advanced_tokens``
+    (matcher advances in the last build), ``num_guided_tokens`` (rows filled in the last build),
     ``num_advanced_draft_tokens`` (advances during the current drafting loop) and
     ``is_draft_terminated`` (guiding of the current drafting loop has stopped).
 
@@ -113,24 +95,22 @@ class BaseGuidedDecoder:
         limit = config.mask_time_limit_ms
         self._mask_limit_s = None if limit is None else limit / 1e3
         self._allocate_buffers()
-        self.grammar_matchers: list[GrammarMatcher | None] = [None] * max_num_sequences
-        self.num_advanced_tokens = [0] * max_num_sequences
-        self.num_guided_tokens = [0] * max_num_sequences
-        self.num_advanced_draft_tokens = [0] * max_num_sequences
-        self.is_draft_terminated = [False] * max_num_sequences
-        # Per slot: the most tokens verification may accept (new token + drafts) after the last
-        # target build; fewer than 1 + drafts when a draft token was rejected by the grammar.
-        self._num_verifiable_tokens = [0] * max_num_sequences
+        self.slots = slots = SlotState.empty(max_num_sequences)
+        # The slots' lists under their public names (the same list objects).
+        self.grammar_matchers = slots.matchers
+        self.num_advanced_tokens = slots.num_advanced_tokens
+        self.num_guided_tokens = slots.num_guided_tokens
+        self.num_advanced_draft_tokens = slots.num_advanced_draft_tokens
+        self.is_draft_terminated = slots.is_draft_terminated
+        self._num_verifiable_tokens = slots.num_verifiable_tokens
+        self._slow_fills = slots.slow_fills
         # Generation-only requests whose matcher init_disagg_gen_requests made (True) or failed
         # to make (False, already reported) for the coming target build.
         self._disagg_init: dict[int, bool] = {}
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
-        # Per slot: how many of its request's last mask fills were slow, -1 before its first
-        # (timed where rows are filled one at a time, after a slow build; see _timed_fill).
-        self._slow_fills = [0] * max_num_sequences
-        self._time_fills = False
+        self._time_fills = False  # fills are timed after a slow build (see _timed_fill)
 
     @property
     def max_num_rows(self) -> int:
@@ -206,10 +186,10 @@ class BaseGuidedDecoder:
 
     def _create_matcher(self, req: GuidedRequest) -> None:
         assert req.guided_decoding_params is not None
-        self.closer.forget(req.seq_slot)
-        self._slow_fills[req.seq_slot] = -1  # its first fill is not held against it
-        self.grammar_matchers[req.seq_slot] = None
-        self.grammar_matchers[req.seq_slot] = self.factory.create(req.guided_decoding_params)
+        slot = req.seq_slot
+        self.closer.forget(slot)
+        self.slots.reset(slot)  # a failed create leaves the slot empty
+        self.slots.start(slot, self.factory.create(req.guided_decoding_params))
 
     def build(self) -> list[Failure]:
         """Advance every guided request's matcher and fill its bitmask rows (host side).
@@ -237,7 +217,7 @@ class BaseGuidedDecoder:
             for req in batch.requests:
                 self._slow_fills[req.seq_slot] = max(self._slow_fills[req.seq_slot], 0)
         elif self._time_fills and not timing:
-            self._slow_fills = [min(count, 0) for count in self._slow_fills]  # none in a row
+            self._slow_fills[:] = [min(count, 0) for count in self._slow_fills]  # none in a row
         self._time_fills = timing
         stats.failures += len(failures)
         return failures
@@ -256,7 +236,7 @@ class BaseGuidedDecoder:
         failures: list[Failure] = []
         requests = batch.requests
         eager = self._filler.one_by_one(len(requests))
-        wave: list[_RowFill] = []
+        wave: list[RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
         timed = self._time_fills
@@ -280,7 +260,7 @@ class BaseGuidedDecoder:
                 if matcher is None:
                     continue
                 if not eager:
-                    wave.append(_RowFill(req, matcher, offset, drafts))
+                    wave.append(RowFill(req, matcher, offset, drafts))
                 elif drafts:
                     self._fill_request(req, matcher, offset, drafts)
                 else:  # one row: what _fill_request does, inline
@@ -390,146 +370,9 @@ class BaseGuidedDecoder:
         self.num_advanced_tokens[slot] += 1
         return True
 
-    def _fill_wave(self, wave: list[_RowFill], failures: list[Failure]) -> list[_RowFill]:
-        """Fill the current row of every request of the wave; returns the next wave.
-
-        A wave too small for a parallel fill is finished request by request, each through all
-        its rows (the waves after it would be no larger); this is the common case, kept lean.
-        """
-        next_wave: list[_RowFill] = []
-        if self._filler.one_by_one(len(wave)):
-            for item in wave:
-                try:
-                    self._fill_request(item.req, item.matcher, item.row, item.drafts, item.position)
-                except REQUEST_ERRORS as exc:
-                    self._fail(item.req, exc, failures)
-            return next_wave
-        errors = self._filler.fill(
-            [item.matcher for item in wave], self.bitmask_host, [item.row for item in wave]
-        )
-        for item, error in zip(wave, errors, strict=True):
-            try:
-                if error is not None:
-                    raise error
-                if self._after_fill(item):
-                    next_wave.append(item)
-            except REQUEST_ERRORS as exc:
-                self._fail(item.req, exc, failures)
-        return next_wave
-
-    def _fill_request(
-        self,
-        req: GuidedRequest,
-        matcher: GrammarMatcher,
-        row: int,
-        drafts: tuple[int, ...],
-        start: int = 0,
-    ) -> None:
-        """Fill one request's rows one after another from position ``start`` (row ``row``): the
-        new token's row is position 0, then one after each draft token. The same checks as
-        :meth:`_after_fill`, in one loop."""
-        slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_words
-        row_is_valid = self._row_is_valid
-        guided = 0
-        timed = self._time_fills
-        for position in range(start, len(drafts) + 1):
-            if timed:
-                self._timed_fill(matcher, bitmask, row, slot)
-            else:
-                matcher.fill_next_token_bitmask(bitmask, row)
-            if not row_is_valid(row):
-                if position > 0:
-                    break
-                if req.is_draft:
-                    self.is_draft_terminated[slot] = True
-                    return
-                raise RequestError(DEAD_END)
-            mask[row] = 1
-            guided += 1
-            if position == len(drafts):
-                break
-            if not self._accept_draft(matcher, row, drafts[position]):
-                self._num_verifiable_tokens[slot] = position + 1
-                break
-            self.num_advanced_tokens[slot] += 1
-            if matcher.is_terminated():
-                break
-            row += 1
-        self.num_guided_tokens[slot] += guided
-        self.stats.rows_filled += self.num_guided_tokens[slot]
-
-    def _timed_fill(
-        self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int
-    ) -> None:
-        """Fill one row, timed: a fill past ``mask_time_limit_ms`` counts against its request
-        (its first fill excepted: it may build what later ones reuse); ``SLOW_FILLS`` in a row
-        fail it. One slow fill, a stall of the machine, does not."""
-        began = perf_counter()
-        matcher.fill_next_token_bitmask(bitmask, row)
-        took = perf_counter() - began
-        limit = self._mask_limit_s
-        assert limit is not None
-        slow = self._slow_fills[slot]
-        if slow < 0 or took <= limit:
-            self._slow_fills[slot] = 0
-            return
-        self._slow_fills[slot] = slow + 1
-        if slow + 1 >= SLOW_FILLS:
-            raise RequestError(
-                f"this guide's token masks take over {limit * 1e3:g} ms each ({took * 1e3:.0f} ms "
-                f"the last, {SLOW_FILLS} in a row), past GuidedDecodingConfig.mask_time_limit_ms:"
-                " it would slow every request of the batch"
-            )
-
-    def _accept_draft(self, matcher: GrammarMatcher, row: int, token: int) -> bool:
-        """Advance by the draft token after row ``row``, just filled from the matcher's state:
-        the row says whether the grammar accepts it, so a backend's cheaper unchecked accept
-        (:meth:`GrammarMatcher.advance`) serves. False (state unchanged) when it is rejected."""
-        if not matcher.unchecked_advance:
-            return matcher.accept_token(token)
-        if not self._row_is_valid.allows(row, token):
-            return False
-        if not matcher.advance(token):
-            raise RequestError(
-                f"draft token {token} is allowed by its bitmask row but its grammar rejects it"
-            )
-        return True
-
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))
         self._forget(req)
-
-    def _after_fill(self, item: _RowFill) -> bool:
-        """Check the row just filled and advance by the next draft token; True (with ``item``
-        moved to the next row) when the row after that token is to be filled.
-
-        A dead-end new-token row fails the request (a draft request only stops guiding). The
-        draft rows stop at a rejected draft token (verification cannot accept it: the row before
-        it masks it out), at termination, or at a dead-end row: the remaining draft positions
-        stay unconstrained and are verified as usual.
-        """
-        req, row = item.req, item.row
-        slot = req.seq_slot
-        if not self._row_is_valid(row):
-            if item.position == 0:
-                if not req.is_draft:
-                    raise RequestError(DEAD_END)
-                self.is_draft_terminated[slot] = True
-            self.stats.rows_filled += self.num_guided_tokens[slot]
-            return False
-        self._token_mask_words[row] = 1
-        self.num_guided_tokens[slot] += 1
-        position = item.position
-        if position < len(item.drafts):
-            if self._accept_draft(item.matcher, row, item.drafts[position]):
-                self.num_advanced_tokens[slot] += 1
-                if not item.matcher.is_terminated():
-                    item.position, item.row = position + 1, row + 1
-                    return True
-            else:
-                self._num_verifiable_tokens[slot] = position + 1
-        self.stats.rows_filled += self.num_guided_tokens[slot]
-        return False
 
     def single_token_rows(self, rows: Sequence[int]) -> list[int]:
         """Those of ``rows`` whose mask, filled by the last build, allows exactly one token:
@@ -563,21 +406,12 @@ class BaseGuidedDecoder:
 
     def release_slot(self, seq_slot: int) -> None:
         """Drop the grammar state of a finished or aborted request's slot."""
-        self.grammar_matchers[seq_slot] = None
+        self.slots.reset(seq_slot)
         self.closer.forget(seq_slot)
-        self.num_advanced_tokens[seq_slot] = 0
-        self.num_guided_tokens[seq_slot] = 0
-        self.num_advanced_draft_tokens[seq_slot] = 0
-        self.is_draft_terminated[seq_slot] = False
 
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""
-        slot = req.seq_slot
-        self.closer.forget(slot)
-        self.grammar_matchers[slot] = None
-        self.num_advanced_tokens[slot] = 0
-        self.num_guided_tokens[slot] = 0
-        self.num_advanced_draft_tokens[slot] = 0
+        self.release_slot(req.seq_slot)
 
     def copy_bitmask(self, num_bitmask_tokens: int | None = None) -> None:
         """Copy the filled host rows to the device buffers (nothing to do on the CPU)."""

@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 
-from guidedec.decoder.base import BaseGuidedDecoder
 from guidedec.decoder.decoder import Failure, GuidedDecoder, TokenCounts
 from guidedec.decoder.hostfunc import hostfunc, raise_pending_error
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
@@ -211,7 +210,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
         if not self._unbuilt:
             return
         self._unbuilt = False
-        self._failures += BaseGuidedDecoder.build(self)
+        self._failures += self.build()
 
     @hostfunc
     def rollback_accepted_hostfunc(self) -> None:
@@ -223,9 +222,9 @@ class CapturableGuidedDecoder(GuidedDecoder):
     @hostfunc
     def rollback_draft_hostfunc(self) -> None:
         """:meth:`rollback_draft_tokens` on the host functions' batch."""
-        self._failures += GuidedDecoder.rollback_draft_tokens(self)
+        self._failures += self.rollback_draft_tokens()
 
     @hostfunc
     def init_disagg_hostfunc(self) -> None:
         """:meth:`init_disagg_gen_requests` on the host functions' batch."""
-        self._failures += BaseGuidedDecoder.init_disagg_gen_requests(self)
+        self._failures += self.init_disagg_gen_requests()

@@ -18,22 +18,28 @@ exactly the request's accepted tokens up to (not including) its new token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from guidedec.decoder.base import (
-    BaseGuidedDecoder,
-    DecoderStats,
-    Failure,
-    RequestError,
-    failure_message,
-)
+from guidedec.decoder.base import BaseGuidedDecoder, DecoderStats, failure_message
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.decoder.rows import Failure, RequestError
 from guidedec.errors import REQUEST_ERRORS
 
 __all__ = ["DecoderStats", "Failure", "GuidedDecoder", "RequestError"]
 
 TokenCounts = Sequence[int] | torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class _DraftStep:
+    """One step of the drafting loop, from ``add_draft_batch`` to ``execute_draft_batch``: the
+    tokens the draft model consumes, and at step 0 what verification accepted."""
+
+    step: int
+    new_tokens: list[int]
+    num_accepted_tokens: list[int] | None
 
 
 class GuidedDecoder(BaseGuidedDecoder):
@@ -44,9 +50,8 @@ class GuidedDecoder(BaseGuidedDecoder):
     that cannot go on as ``(request_id, message)``; none raises for one request's sake.
     """
 
-    _draft_new_tokens: list[int] | None = None
-    _draft_num_accepted: list[int] | None = None
-    _draft_step: int = -1
+    _next_draft_step: _DraftStep | None = None
+    """What the last ``add_draft_batch`` handed to the next ``execute_draft_batch``."""
 
     def rollback_rejected_tokens(self) -> list[Failure]:
         """Roll each matcher back to the tokens the target accepted in the last verification.
@@ -143,13 +148,13 @@ class GuidedDecoder(BaseGuidedDecoder):
             draft_step: 0 for the first step of the drafting loop.
         """
         batch = self._batch()
-        self._draft_new_tokens = _int_list(new_tokens, len(batch), "new_tokens")
+        accepted = None
         if draft_step == 0:
             if num_accepted_tokens is None:
                 raise ValueError("draft_step 0 needs num_accepted_tokens")
-            counts = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")
-            self._draft_num_accepted = counts
-        self._draft_step = draft_step
+            accepted = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")
+        tokens = _int_list(new_tokens, len(batch), "new_tokens")
+        self._next_draft_step = _DraftStep(draft_step, tokens, accepted)
 
     def execute_draft_batch(
         self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, draft_step: int
@@ -163,17 +168,21 @@ class GuidedDecoder(BaseGuidedDecoder):
         so the next target build starts from the accepted prefix. ``d2t`` maps a pruned draft
         vocabulary to the target's (see :func:`guidedec.bitmask.apply_bitmask`).
         """
-        if self._draft_new_tokens is None or self._draft_step != draft_step:
+        step = self._next_draft_step
+        if step is None or step.step != draft_step:
             raise ValueError(f"call add_draft_batch(..., draft_step={draft_step}) first")
-        failures = self._start_draft_step(draft_step, self._draft_new_tokens)
-        self._draft_new_tokens = None
+        self._next_draft_step = None
+        failures = self._start_draft_step(step)
         failures += self.build()
         if draft_step == self._batch().num_draft_tokens - 1:
             failures += self.rollback_draft_tokens()
         self.copy_and_apply(logits, d2t=d2t)
         return failures
 
-    def _start_draft_step(self, draft_step: int, new_tokens: list[int]) -> list[Failure]:
+    def _start_draft_step(self, step: _DraftStep) -> list[Failure]:
+        """Turn the batch into this step's draft requests (at step 0, after rolling back what
+        verification rejected)."""
+        draft_step, new_tokens = step.step, step.new_tokens
         batch = self._batch()
         if not 0 <= draft_step < batch.num_draft_tokens:
             raise ValueError(
@@ -189,8 +198,8 @@ class GuidedDecoder(BaseGuidedDecoder):
             return []
         if is_draft_batch:
             raise ValueError("draft_step 0 must follow a target batch (add_batch, execute)")
-        counts = self._draft_num_accepted
-        assert counts is not None
+        counts = step.num_accepted_tokens
+        assert counts is not None  # add_draft_batch requires it at step 0
         failures = self._rollback_rejected(batch.requests, counts)
         drafts = []
         for req, token, count in zip(batch.requests, new_tokens, counts, strict=True):

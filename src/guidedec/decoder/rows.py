@@ -1,0 +1,202 @@
+"""Filling a request's bitmask rows: the new token's row, then one after each draft token it
+advances by, each checked (a row that allows nothing is a dead end), timed against the
+mask-time limit where a build was slow, and filled in parallel waves where that pays.
+
+:class:`RowFilling` holds the decoder methods that do it; :class:`BaseGuidedDecoder` mixes it in
+(the hot loop keeps its attribute reads on one object).
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+import torch
+
+from guidedec.errors import REQUEST_ERRORS, GuidedecError
+from guidedec.grammar.matcher import GrammarMatcher
+
+if TYPE_CHECKING:
+    from guidedec.bitmask import HostRowChecker
+    from guidedec.decoder.base import DecoderStats
+    from guidedec.decoder.request import GuidedRequest
+    from guidedec.grammar.batch_fill import BatchFiller
+
+Failure = tuple[int, str]
+DEAD_END = "reached a grammar state that allows no token (dead end)"
+SLOW_FILLS = 3
+"""Fills in a row past ``mask_time_limit_ms`` (after a request's first) that fail it."""
+
+
+class RequestError(GuidedecError):
+    """Why one request cannot go on; collected by ``build``, never raised to the caller."""
+
+
+class RowFill:
+    """A request whose rows ``build`` is filling: the next is ``row`` (``offset + position``)."""
+
+    __slots__ = ("drafts", "matcher", "position", "req", "row")
+
+    def __init__(
+        self, req: GuidedRequest, matcher: GrammarMatcher, row: int, drafts: tuple[int, ...]
+    ) -> None:
+        self.req, self.matcher, self.row, self.drafts = req, matcher, row, drafts
+        self.position = 0
+
+
+class RowFilling:
+    """The row-filling methods of the decoder (see the module docstring); what they read of the
+    decoder is declared here."""
+
+    bitmask_host: torch.Tensor
+    stats: DecoderStats
+    num_advanced_tokens: list[int]
+    num_guided_tokens: list[int]
+    is_draft_terminated: list[bool]
+    _num_verifiable_tokens: list[int]
+    _slow_fills: list[int]
+    _filler: BatchFiller
+    _row_is_valid: HostRowChecker
+    _token_mask_words: memoryview
+    _time_fills: bool
+    _mask_limit_s: float | None
+
+    def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
+        raise NotImplementedError  # the decoder's: report the failure and drop the request
+
+    def _fill_wave(self, wave: list[RowFill], failures: list[Failure]) -> list[RowFill]:
+        """Fill the current row of every request of the wave; returns the next wave.
+
+        A wave too small for a parallel fill is finished request by request, each through all
+        its rows (the waves after it would be no larger); this is the common case, kept lean.
+        """
+        next_wave: list[RowFill] = []
+        if self._filler.one_by_one(len(wave)):
+            for item in wave:
+                try:
+                    self._fill_request(item.req, item.matcher, item.row, item.drafts, item.position)
+                except REQUEST_ERRORS as exc:
+                    self._fail(item.req, exc, failures)
+            return next_wave
+        errors = self._filler.fill(
+            [item.matcher for item in wave], self.bitmask_host, [item.row for item in wave]
+        )
+        for item, error in zip(wave, errors, strict=True):
+            try:
+                if error is not None:
+                    raise error
+                if self._after_fill(item):
+                    next_wave.append(item)
+            except REQUEST_ERRORS as exc:
+                self._fail(item.req, exc, failures)
+        return next_wave
+
+    def _fill_request(
+        self,
+        req: GuidedRequest,
+        matcher: GrammarMatcher,
+        row: int,
+        drafts: tuple[int, ...],
+        start: int = 0,
+    ) -> None:
+        """Fill one request's rows one after another from position ``start`` (row ``row``): the
+        new token's row is position 0, then one after each draft token. The same checks as
+        :meth:`_after_fill`, in one loop."""
+        slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_words
+        row_is_valid = self._row_is_valid
+        guided = 0
+        timed = self._time_fills
+        for position in range(start, len(drafts) + 1):
+            if timed:
+                self._timed_fill(matcher, bitmask, row, slot)
+            else:
+                matcher.fill_next_token_bitmask(bitmask, row)
+            if not row_is_valid(row):
+                if position > 0:
+                    break
+                if req.is_draft:
+                    self.is_draft_terminated[slot] = True
+                    return
+                raise RequestError(DEAD_END)
+            mask[row] = 1
+            guided += 1
+            if position == len(drafts):
+                break
+            if not self._accept_draft(matcher, row, drafts[position]):
+                self._num_verifiable_tokens[slot] = position + 1
+                break
+            self.num_advanced_tokens[slot] += 1
+            if matcher.is_terminated():
+                break
+            row += 1
+        self.num_guided_tokens[slot] += guided
+        self.stats.rows_filled += self.num_guided_tokens[slot]
+
+    def _timed_fill(
+        self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int
+    ) -> None:
+        """Fill one row, timed: a fill past ``mask_time_limit_ms`` counts against its request
+        (its first fill excepted: it may build what later ones reuse); ``SLOW_FILLS`` in a row
+        fail it. One slow fill, a stall of the machine, does not."""
+        began = perf_counter()
+        matcher.fill_next_token_bitmask(bitmask, row)
+        took = perf_counter() - began
+        limit = self._mask_limit_s
+        assert limit is not None
+        slow = self._slow_fills[slot]
+        if slow < 0 or took <= limit:
+            self._slow_fills[slot] = 0
+            return
+        self._slow_fills[slot] = slow + 1
+        if slow + 1 >= SLOW_FILLS:
+            raise RequestError(
+                f"this guide's token masks take over {limit * 1e3:g} ms each ({took * 1e3:.0f} ms "
+                f"the last, {SLOW_FILLS} in a row), past GuidedDecodingConfig.mask_time_limit_ms:"
+                " it would slow every request of the batch"
+            )
+
+    def _accept_draft(self, matcher: GrammarMatcher, row: int, token: int) -> bool:
+        """Advance by the draft token after row ``row``, just filled from the matcher's state:
+        the row says whether the grammar accepts it, so a backend's cheaper unchecked accept
+        (:meth:`GrammarMatcher.advance`) serves. False (state unchanged) when it is rejected."""
+        if not matcher.unchecked_advance:
+            return matcher.accept_token(token)
+        if not self._row_is_valid.allows(row, token):
+            return False
+        if not matcher.advance(token):
+            raise RequestError(
+                f"draft token {token} is allowed by its bitmask row but its grammar rejects it"
+            )
+        return True
+
+    def _after_fill(self, item: RowFill) -> bool:
+        """Check the row just filled and advance by the next draft token; True (with ``item``
+        moved to the next row) when the row after that token is to be filled.
+
+        A dead-end new-token row fails the request (a draft request only stops guiding). The
+        draft rows stop at a rejected draft token (verification cannot accept it: the row before
+        it masks it out), at termination, or at a dead-end row: the remaining draft positions
+        stay unconstrained and are verified as usual.
+        """
+        req, row = item.req, item.row
+        slot = req.seq_slot
+        if not self._row_is_valid(row):
+            if item.position == 0:
+                if not req.is_draft:
+                    raise RequestError(DEAD_END)
+                self.is_draft_terminated[slot] = True
+            self.stats.rows_filled += self.num_guided_tokens[slot]
+            return False
+        self._token_mask_words[row] = 1
+        self.num_guided_tokens[slot] += 1
+        position = item.position
+        if position < len(item.drafts):
+            if self._accept_draft(item.matcher, row, item.drafts[position]):
+                self.num_advanced_tokens[slot] += 1
+                if not item.matcher.is_terminated():
+                    item.position, item.row = position + 1, row + 1
+                    return True
+            else:
+                self._num_verifiable_tokens[slot] = position + 1
+        self.stats.rows_filled += self.num_guided_tokens[slot]
+        return False

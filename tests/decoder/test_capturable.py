@@ -119,6 +119,20 @@ def test_plain_decoder_orders_copy_and_apply_by_the_two_events(tokenizer, compac
     ]
 
 
+def test_set_batch_is_for_an_eager_step_and_never_queues(tokenizer, compact) -> None:
+    decoder = make(CapturableGuidedDecoder, tokenizer, compact("xgrammar"), "xgrammar")
+    assert isinstance(decoder, CapturableGuidedDecoder)
+    batch = context_batch()
+    decoder.set_batch(batch)
+    assert decoder.requests is not None and decoder.requests.requests == batch
+    assert not decoder.queue  # a later replay's fetch finds nothing of it
+    assert decoder.build() == []  # built here, as a GuidedDecoder builds
+    fresh = next_token_mask(compact("xgrammar").create(JSON), tokenizer.vocab_size)
+    assert torch.equal(decoder.bitmask_host[0], fresh)
+    decoder.add_batch(batch)  # the captured step's snapshot: queued
+    assert len(decoder.queue) == 1
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_warm_up_replays_find_the_queue_empty_and_change_nothing(
     backend, tokenizer, compact

@@ -141,6 +141,14 @@ class BaseGuidedDecoder(RowFilling):
         ``num_draft_tokens`` is this step's draft length (default: ``max_num_draft_tokens``);
         a shorter runtime draft length only uses that many draft rows per request.
         """
+        self.set_batch(requests, num_draft_tokens=num_draft_tokens)
+
+    def set_batch(
+        self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
+    ) -> None:
+        """:meth:`add_batch` for the calls that follow on this thread (``build``, copy, apply):
+        the capturable decoder's ``add_batch`` also queues the snapshot for its host functions,
+        and this never does (an eager step on it)."""
         draft_len = self.max_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         if not 0 <= draft_len <= self.max_num_draft_tokens:
             raise ValueError(
@@ -213,13 +221,15 @@ class BaseGuidedDecoder(RowFilling):
         # Fills are timed one by one only after a build slower than the mask-time limit (a
         # build of fast masks pays nothing for the limit).
         timing = self._mask_limit_s is not None and stats.build_s > self._mask_limit_s
-        if timing and not self._time_fills:  # the requests of this build have had a fill
-            for req in batch.requests:
-                self._slow_fills[req.seq_slot] = max(self._slow_fills[req.seq_slot], 0)
-        elif self._time_fills and not timing:
-            self._slow_fills[:] = [min(count, 0) for count in self._slow_fills]  # none in a row
-        self._time_fills = timing
-        stats.failures += len(failures)
+        if timing is not self._time_fills:
+            if timing:  # the requests of this build have had a fill
+                for req in batch.requests:
+                    self._slow_fills[req.seq_slot] = max(self._slow_fills[req.seq_slot], 0)
+            else:  # none in a row
+                self._slow_fills[:] = [min(count, 0) for count in self._slow_fills]
+            self._time_fills = timing
+        if failures:
+            stats.failures += len(failures)
         return failures
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:

@@ -93,7 +93,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
                 their ``new_token`` and ``draft_tokens`` from it when ``fetch_batch`` runs, so
                 that the caller need not wait for the device to build their snapshots.
         """
-        super().add_batch(requests, num_draft_tokens=num_draft_tokens)
+        self.set_batch(requests, num_draft_tokens=num_draft_tokens)
         if new_tokens is not None:
             tokens = new_tokens.squeeze(-1) if new_tokens.dim() == 3 else new_tokens
             if tuple(tokens.shape) != tuple(self.new_tokens.shape):

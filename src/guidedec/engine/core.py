@@ -280,7 +280,7 @@ class EngineCore:
         if queued:
             self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
         else:
-            GuidedDecoder.add_batch(self.decoder, snapshots, num_draft_tokens=self.num_draft_tokens)
+            self.decoder.set_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
         return self.decoder
 
     def _advance(

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from guidedec import (
     GrammarMatcherFactory,
     GuidedDecoder,
-    GuidedDecodingConfig,
     GuidedDecodingParams,
     TokenizerInfo,
+    testing,
 )
 from guidedec.bitmask import apply_bitmask
 from guidedec.testing import (
@@ -71,16 +71,13 @@ def compact_factory(
 def make_decoder(
     tokenizer: TokenizerInfo, factory: GrammarMatcherFactory, backend: str, drafts: int
 ) -> GuidedDecoder:
-    config = GuidedDecodingConfig(
-        backend=backend,  # type: ignore[arg-type]
-        tokenizer=tokenizer,
-        json_whitespace="compact",
-    )
-    return GuidedDecoder(
-        config=config,
+    return testing.make_decoder(
+        tokenizer,
+        backend,  # type: ignore[arg-type]
         factory=factory,
         max_num_sequences=len(GUIDES),
         max_num_draft_tokens=drafts,
+        json_whitespace="compact",
     )
 
 
@@ -193,9 +190,14 @@ def test_flexible_whitespace_and_max_tokens_cut_are_exact(
 ) -> None:
     factory = make_factory(backend)  # flexible JSON whitespace: outputs run to max_tokens
     guides = [JSON, GuidedDecodingParams(json_schema={"type": "array"}), REGEX, EBNF]
-    config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)
     decoders = [
-        GuidedDecoder(config=config, factory=factory, max_num_sequences=4, max_num_draft_tokens=k)
+        testing.make_decoder(
+            tokenizer,
+            backend,  # type: ignore[arg-type]
+            factory=factory,
+            max_num_sequences=4,
+            max_num_draft_tokens=k,
+        )
         for k in (0, 4)
     ]
     plain = GreedyRunner(decoders[0], target, max_tokens=MAX_TOKENS).run(guides)

@@ -28,6 +28,7 @@ from guidedec.bitmask import allocate_bitmask
 from guidedec.errors import MatcherError
 from guidedec.grammar.batch_fill import PROBES, BatchFiller
 from guidedec.grammar.matcher import fill_one_by_one
+from guidedec.testing import make_decoder
 
 BACKENDS = ("xgrammar", "llguidance")
 FIXTURES = HealthCheck.function_scoped_fixture
@@ -281,15 +282,15 @@ def test_fill_settings_are_checked(tokenizer: TokenizerInfo) -> None:
 def _decoder(
     backend: str, mode: str, factory: GrammarMatcherFactory, tokenizer: TokenizerInfo, k: int
 ) -> GuidedDecoder:
-    config = GuidedDecodingConfig(
-        backend=backend,  # type: ignore[arg-type]
-        tokenizer=tokenizer,
-        fill_mode=mode,  # type: ignore[arg-type]
+    return make_decoder(
+        tokenizer,
+        backend,  # type: ignore[arg-type]
+        factory=factory,
+        max_num_sequences=10,
+        max_num_draft_tokens=k,
+        fill_mode=mode,
         fill_threads=2,
         max_rollback_tokens=k,
-    )
-    return GuidedDecoder(
-        config=config, factory=factory, max_num_sequences=10, max_num_draft_tokens=k
     )
 
 

@@ -21,12 +21,11 @@ import summary
 from datasets import DATASETS, SEED, Case, load, with_slow_marks
 from guidedec import (
     GrammarMatcherFactory,
-    GuidedDecoder,
     GuidedDecodingConfig,
     TokenizerInfo,
 )
 from guidedec.errors import GuidedecError
-from guidedec.testing import GeneratedOutput, feed_tokens, random_guided_generate
+from guidedec.testing import GeneratedOutput, feed_tokens, make_decoder, random_guided_generate
 from known_limits import allowed
 from oracles import UNCHECKED, json_schema_verdict, python_regex
 
@@ -73,8 +72,12 @@ def repeated(cases: list[Case]) -> list[Case]:
 def generate(
     factory: GrammarMatcherFactory, tokenizer: TokenizerInfo, backend: str, cases: list[Case]
 ) -> list[GeneratedOutput]:
-    config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)  # type: ignore[arg-type]
-    decoder = GuidedDecoder(config=config, factory=factory, max_num_sequences=BATCH_SIZE)
+    decoder = make_decoder(
+        tokenizer,
+        backend,  # type: ignore[arg-type]
+        factory=factory,
+        max_num_sequences=BATCH_SIZE,
+    )
     outputs: list[GeneratedOutput] = []
     for n, batch in enumerate(batches(cases, BATCH_SIZE)):
         guides = [case.params for case in batch]

@@ -92,6 +92,7 @@ class BaseGuidedDecoder(RowFilling):
         self.rank = rank
         self.factory = factory
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
+        self._sequential = self._filler.mode == "sequential"  # no wave, whatever the batch
         limit = config.mask_time_limit_ms
         self._mask_limit_s = None if limit is None else limit / 1e3
         self._allocate_buffers()
@@ -245,12 +246,13 @@ class BaseGuidedDecoder(RowFilling):
         token_mask = self._token_mask_words  # one word at a time: no numpy scalar per row
         failures: list[Failure] = []
         requests = batch.requests
-        eager = self._filler.one_by_one(len(requests))
+        eager = self._sequential or self._filler.one_by_one(len(requests))
         wave: list[RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
         timed = self._time_fills
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
+        matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
         for req, offset in zip(requests, batch.offsets, strict=True):
             if req.guided_decoding_params is None:
@@ -263,12 +265,25 @@ class BaseGuidedDecoder(RowFilling):
             try:
                 if req.is_generation_in_progress_state and not (
                     req.is_draft or req.is_generation_only_first_iteration
-                ):
-                    matcher = self._start_generation(req, len(drafts))
+                ):  # most requests of most steps: their matcher advances by new_token
+                    matcher = matchers[slot]
+                    if matcher is None:
+                        raise RequestError("has no grammar matcher (an earlier step failed)")
+                    verifiable[slot] = 1 + len(drafts)
+                    token = req.new_token
+                    if token is None:
+                        raise RequestError("is generating but carries no new_token")
+                    if not matcher.advance(token):  # a rejection fails the request anyway
+                        if matcher.is_terminated():
+                            continue  # accepted a stop token already: see _start_request
+                        raise RequestError(f"sampled token {token} is rejected by its grammar")
+                    advanced[slot] = 1
+                    if matcher.is_terminated():
+                        continue
                 else:
                     matcher = self._start_request(req, drafts)
-                if matcher is None:
-                    continue
+                    if matcher is None:
+                        continue
                 if not eager:
                     wave.append(RowFill(req, matcher, offset, drafts))
                 elif drafts:
@@ -344,24 +359,6 @@ class BaseGuidedDecoder(RowFilling):
         self._num_verifiable_tokens[slot] = 1 + len(drafts)
         if req.is_draft:  # a draft request has no drafts: its advances end here
             self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
-        return None if matcher.is_terminated() else matcher
-
-    def _start_generation(self, req: GuidedRequest, num_drafts: int) -> GrammarMatcher | None:
-        """:meth:`_start_request` for a target request in generation (most requests of most
-        steps): its matcher exists and advances by ``new_token``."""
-        slot = req.seq_slot
-        matcher = self.grammar_matchers[slot]
-        if matcher is None:
-            raise RequestError("has no grammar matcher (an earlier step failed)")
-        self._num_verifiable_tokens[slot] = 1 + num_drafts
-        token = req.new_token
-        if token is None:
-            raise RequestError("is generating but carries no new_token")
-        if not matcher.advance(token):  # a rejection fails the request: see GrammarMatcher
-            if matcher.is_terminated():
-                return None  # accepted a stop token already: see _start_request
-            raise RequestError(f"sampled token {token} is rejected by its grammar")
-        self.num_advanced_tokens[slot] = 1
         return None if matcher.is_terminated() else matcher
 
     def _advance(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:

@@ -17,6 +17,8 @@ from guidedec.errors import REQUEST_ERRORS, GuidedecError
 from guidedec.grammar.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from guidedec.bitmask import HostRowChecker
     from guidedec.decoder.base import DecoderStats
     from guidedec.decoder.request import GuidedRequest
@@ -60,9 +62,8 @@ class RowFilling:
     _token_mask_words: memoryview
     _time_fills: bool
     _mask_limit_s: float | None
-
-    def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
-        raise NotImplementedError  # the decoder's: report the failure and drop the request
+    _fail: Callable[[GuidedRequest, Exception, list[Failure]], None]
+    """The decoder's: report a request's failure and drop its grammar state."""
 
     def _fill_wave(self, wave: list[RowFill], failures: list[Failure]) -> list[RowFill]:
         """Fill the current row of every request of the wave; returns the next wave.

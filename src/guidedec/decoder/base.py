@@ -9,6 +9,7 @@ the engine finishes those requests after sampling, and the rest of the batch goe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -92,9 +93,9 @@ class BaseGuidedDecoder(RowFilling):
         self.rank = rank
         self.factory = factory
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
-        self._sequential = self._filler.mode == "sequential"  # no wave, whatever the batch
+        self._min_wave = self._filler.min_parallel_rows  # fewer requests: no wave
         limit = config.mask_time_limit_ms
-        self._mask_limit_s = None if limit is None else limit / 1e3
+        self._mask_limit_s = math.inf if limit is None else limit / 1e3  # inf: no limit
         self._allocate_buffers()
         self.slots = slots = SlotState.empty(max_num_sequences)
         # The slots' lists under their public names (the same list objects).
@@ -132,6 +133,7 @@ class BaseGuidedDecoder(RowFilling):
         self._row_is_valid = HostRowChecker(self.bitmask_host, self.vocab_size)
         self._token_mask_np = self.token_mask_host.numpy()
         self._token_mask_words = self._token_mask_np.data
+        self._token_mask_zeros = memoryview(bytes(self._token_mask_words.nbytes)).cast("i")
         self.sync = StepSync(self.device)
 
     def add_batch(
@@ -221,7 +223,7 @@ class BaseGuidedDecoder(RowFilling):
         stats.steps += 1
         # Fills are timed one by one only after a build slower than the mask-time limit (a
         # build of fast masks pays nothing for the limit).
-        timing = self._mask_limit_s is not None and stats.build_s > self._mask_limit_s
+        timing = stats.build_s > self._mask_limit_s
         if timing is not self._time_fills:
             if timing:  # the requests of this build have had a fill
                 for req in batch.requests:
@@ -242,11 +244,11 @@ class BaseGuidedDecoder(RowFilling):
         request advances by its next draft token and the next wave fills the rows after them.
         Per request both are the same sequence of matcher calls.
         """
-        self._token_mask_np.fill(0)  # also past the batch: a padded graph applies fixed rows
         token_mask = self._token_mask_words  # one word at a time: no numpy scalar per row
+        token_mask[:] = self._token_mask_zeros  # also past the batch: a padded graph applies them
         failures: list[Failure] = []
         requests = batch.requests
-        eager = self._sequential or self._filler.one_by_one(len(requests))
+        eager = len(requests) < self._min_wave
         wave: list[RowFill] = []
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
@@ -254,7 +256,8 @@ class BaseGuidedDecoder(RowFilling):
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
-        for req, offset in zip(requests, batch.offsets, strict=True):
+        # Not strict: the offsets are the requests' own (and a strict zip costs 0.15 us).
+        for req, offset in zip(requests, batch.offsets, strict=False):
             if req.guided_decoding_params is None:
                 continue
             slot = req.seq_slot

@@ -215,17 +215,18 @@ class GuidedDecoder(BaseGuidedDecoder):
         failures: list[Failure] = []
         if self.max_num_draft_tokens == 0:
             return failures
-        for req, count in zip(requests, counts, strict=True):
+        num_advanced, verifiable = self.num_advanced_tokens, self._num_verifiable_tokens
+        for req, count in zip(requests, counts, strict=False):  # one length: callers check
             if req.guided_decoding_params is None:
                 continue
             slot = req.seq_slot
-            advanced = self.num_advanced_tokens[slot]
-            self.num_advanced_tokens[slot] = 0
+            advanced = num_advanced[slot]
             if advanced <= 0:
                 continue
+            num_advanced[slot] = 0
             matcher = self.grammar_matchers[slot]
             try:
-                if not 1 <= count <= self._num_verifiable_tokens[slot] or matcher is None:
+                if not 1 <= count <= verifiable[slot] or matcher is None:
                     raise self._rollback_error(slot, advanced, count)
                 if count < advanced:
                     matcher.rollback(advanced - count)
@@ -255,7 +256,10 @@ class GuidedDecoder(BaseGuidedDecoder):
 
 
 def _int_list(values: TokenCounts, length: int, name: str) -> list[int]:
-    items = values.tolist() if isinstance(values, torch.Tensor) else values
+    items = values
+    # isinstance against torch.Tensor costs as much as the rest: a list skips it.
+    if type(values) is not list and isinstance(values, torch.Tensor):
+        items = values.tolist()
     if len(items) != length:
         raise ValueError(f"{name} has {len(items)} entries; the batch has {length} requests")
     return list(map(int, items))

@@ -28,6 +28,7 @@ Failure = tuple[int, str]
 DEAD_END = "reached a grammar state that allows no token (dead end)"
 SLOW_FILLS = 3
 """Fills in a row past ``mask_time_limit_ms`` (after a request's first) that fail it."""
+_ROW_DISAGREES = "draft token {} is allowed by its bitmask row but its grammar rejects it"
 
 
 class RequestError(GuidedecError):
@@ -61,7 +62,7 @@ class RowFilling:
     _row_is_valid: HostRowChecker
     _token_mask_words: memoryview
     _time_fills: bool
-    _mask_limit_s: float | None
+    _mask_limit_s: float  # inf without a limit
     _fail: Callable[[GuidedRequest, Exception, list[Failure]], None]
     """The decoder's: report a request's failure and drop its grammar state."""
 
@@ -105,14 +106,20 @@ class RowFilling:
         :meth:`_after_fill`, in one loop."""
         slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_words
         row_is_valid = self._row_is_valid
-        guided = 0
-        timed = self._time_fills
-        for position in range(start, len(drafts) + 1):
-            if timed:
-                self._timed_fill(matcher, bitmask, row, slot)
-            else:
+        allows, unchecked = row_is_valid.allows, matcher.unchecked_advance
+        fill = self._timed_fill if self._time_fills else None
+        guided = advanced = 0
+        last = len(drafts)
+        for position in range(start, last + 1):
+            if fill is None:
                 matcher.fill_next_token_bitmask(bitmask, row)
-            if not row_is_valid(row):
+            else:
+                fill(matcher, bitmask, row, slot)
+            # A row that allows the next draft token allows a token: no scan of the row. This
+            # is _accept_draft inline, one call less per draft row.
+            token = drafts[position] if position < last else -1
+            allowed = token >= 0 and allows(row, token)
+            if not (allowed or row_is_valid(row)):
                 if position > 0:
                     break
                 if req.is_draft:
@@ -121,15 +128,20 @@ class RowFilling:
                 raise RequestError(DEAD_END)
             mask[row] = 1
             guided += 1
-            if position == len(drafts):
+            if position == last:
                 break
-            if not self._accept_draft(matcher, row, drafts[position]):
+            if not unchecked:
+                allowed = allowed and matcher.accept_token(token)
+            elif allowed and not matcher.advance(token):
+                raise RequestError(_ROW_DISAGREES.format(token))
+            if not allowed:
                 self._num_verifiable_tokens[slot] = position + 1
                 break
-            self.num_advanced_tokens[slot] += 1
+            advanced += 1
             if matcher.is_terminated():
                 break
             row += 1
+        self.num_advanced_tokens[slot] += advanced
         self.num_guided_tokens[slot] += guided
         self.stats.rows_filled += self.num_guided_tokens[slot]
 
@@ -143,7 +155,6 @@ class RowFilling:
         matcher.fill_next_token_bitmask(bitmask, row)
         took = perf_counter() - began
         limit = self._mask_limit_s
-        assert limit is not None
         slow = self._slow_fills[slot]
         if slow < 0 or took <= limit:
             self._slow_fills[slot] = 0
@@ -165,9 +176,7 @@ class RowFilling:
         if not self._row_is_valid.allows(row, token):
             return False
         if not matcher.advance(token):
-            raise RequestError(
-                f"draft token {token} is allowed by its bitmask row but its grammar rejects it"
-            )
+            raise RequestError(_ROW_DISAGREES.format(token))
         return True
 
     def _after_fill(self, item: RowFill) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,8 @@ class BatchFiller:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         self.mode: FillMode = mode if threads > 1 else "sequential"
         self.num_threads = threads
+        self.min_parallel_rows = sys.maxsize if self.mode == "sequential" else MIN_PARALLEL_ROWS
+        """Batches of fewer rows are filled one at a time, whatever was measured."""
         self._clock = clock
         self._buckets: dict[tuple[type[GrammarMatcher], int], _Bucket] = {}
 
@@ -142,7 +145,7 @@ class BatchFiller:
     def one_by_one(self, num_rows: int) -> bool:
         """Whether :meth:`fill` of ``num_rows`` rows surely fills them one at a time (callers
         then skip building its argument lists)."""
-        return self.mode == "sequential" or num_rows < MIN_PARALLEL_ROWS
+        return num_rows < self.min_parallel_rows
 
     def decisions(self) -> dict[tuple[str, int], str]:
         """What ``"auto"`` has settled on so far: ``(backend, smallest batch of the bucket)`` ->

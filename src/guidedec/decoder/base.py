@@ -218,22 +218,27 @@ class BaseGuidedDecoder(RowFilling):
                 failures = self._build(batch)
         else:  # no range to push: skip the context manager, on the hot path of a CPU step
             failures = self._build(batch)
+        took = perf_counter() - start
         stats = self.stats
-        stats.build_s = perf_counter() - start
+        stats.build_s = took
         stats.steps += 1
         # Fills are timed one by one only after a build slower than the mask-time limit (a
         # build of fast masks pays nothing for the limit).
-        timing = stats.build_s > self._mask_limit_s
-        if timing is not self._time_fills:
-            if timing:  # the requests of this build have had a fill
-                for req in batch.requests:
-                    self._slow_fills[req.seq_slot] = max(self._slow_fills[req.seq_slot], 0)
-            else:  # none in a row
-                self._slow_fills[:] = [min(count, 0) for count in self._slow_fills]
-            self._time_fills = timing
+        if (took > self._mask_limit_s) is not self._time_fills:
+            self._switch_fill_timing(batch)
         if failures:
             stats.failures += len(failures)
         return failures
+
+    def _switch_fill_timing(self, batch: GuidedRequests) -> None:
+        """Time the next builds' fills one by one (after a slow build), or stop timing them."""
+        timing = self._time_fills = not self._time_fills
+        slow = self._slow_fills
+        if timing:  # the requests of this build have had a fill
+            for req in batch.requests:
+                slow[req.seq_slot] = max(slow[req.seq_slot], 0)
+        else:  # none in a row
+            slow[:] = [min(count, 0) for count in slow]
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:
         """Advance each request's matcher and fill its rows.

@@ -272,6 +272,11 @@ def summary(llm: LLM, result: RunResult) -> str:
             f"jump-forward: {stats.accepted_forced_tokens} of {stats.forced_draft_tokens} forced "
             f"tokens accepted, {stats.steps} steps"
         )
+    if stats.steps_sat_out:
+        parts.append(
+            f"pacing: slow masks sat out {_count(stats.steps_sat_out, 'request step')} "
+            f"({_count(stats.paced_requests, 'time')} paced)"
+        )
     return "; ".join(parts)
 
 

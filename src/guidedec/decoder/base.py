@@ -34,6 +34,14 @@ from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
+FILL_TIMING_S = 2e-3
+"""A build slower than this (or than the mask-time limit, if lower) has the builds after it time
+each fill, for the mask-time limit and for :meth:`BaseGuidedDecoder.fill_times`; a build of fast
+masks pays nothing for either."""
+TIMING_HOLD = 64
+"""Fast builds in a row after which fills are no longer timed (more than a paced request sits
+out: see :mod:`guidedec.engine.pacing`)."""
+
 
 @dataclass(slots=True)
 class DecoderStats:
@@ -96,6 +104,7 @@ class BaseGuidedDecoder(RowFilling):
         self._min_wave = self._filler.min_parallel_rows  # fewer requests: no wave
         limit = config.mask_time_limit_ms
         self._mask_limit_s = math.inf if limit is None else limit / 1e3  # inf: no limit
+        self._timing_s = min(self._mask_limit_s, FILL_TIMING_S)
         self._allocate_buffers()
         self.slots = slots = SlotState.empty(max_num_sequences)
         # The slots' lists under their public names (the same list objects).
@@ -106,6 +115,7 @@ class BaseGuidedDecoder(RowFilling):
         self.is_draft_terminated = slots.is_draft_terminated
         self._num_verifiable_tokens = slots.num_verifiable_tokens
         self._slow_fills = slots.slow_fills
+        self._fill_s = slots.fill_s
         # Generation-only requests whose matcher init_disagg_gen_requests made (True) or failed
         # to make (False, already reported) for the coming target build.
         self._disagg_init: dict[int, bool] = {}
@@ -113,6 +123,8 @@ class BaseGuidedDecoder(RowFilling):
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
         self._time_fills = False  # fills are timed after a slow build (see _timed_fill)
+        self._fast_builds = 0  # builds in a row under FILL_TIMING_S while timing
+        self._timed_batch: GuidedRequests | None = None  # the last build, if it timed fills
 
     @property
     def max_num_rows(self) -> int:
@@ -222,23 +234,29 @@ class BaseGuidedDecoder(RowFilling):
         stats = self.stats
         stats.build_s = took
         stats.steps += 1
-        # Fills are timed one by one only after a build slower than the mask-time limit (a
-        # build of fast masks pays nothing for the limit).
-        if (took > self._mask_limit_s) is not self._time_fills:
-            self._switch_fill_timing(batch)
+        self._timed_batch = batch if self._time_fills else None
+        # Fills are timed one by one from a slow build (FILL_TIMING_S) until TIMING_HOLD fast
+        # builds in a row: a slow request that sat out steps is still timed when it is back.
+        if took > self._timing_s:
+            self._fast_builds = 0
+            if not self._time_fills:
+                self._start_fill_timing(batch)
+        elif self._time_fills:
+            self._fast_builds += 1
+            if self._fast_builds >= TIMING_HOLD:
+                self._time_fills = False
+                self._slow_fills[:] = [min(count, 0) for count in self._slow_fills]  # none in a row
         if failures:
             stats.failures += len(failures)
         return failures
 
-    def _switch_fill_timing(self, batch: GuidedRequests) -> None:
-        """Time the next builds' fills one by one (after a slow build), or stop timing them."""
-        timing = self._time_fills = not self._time_fills
+    def _start_fill_timing(self, batch: GuidedRequests) -> None:
+        """Time the next builds' fills one by one; the requests of this build have had a fill
+        (their first is not held against them)."""
+        self._time_fills = True
         slow = self._slow_fills
-        if timing:  # the requests of this build have had a fill
-            for req in batch.requests:
-                slow[req.seq_slot] = max(slow[req.seq_slot], 0)
-        else:  # none in a row
-            slow[:] = [min(count, 0) for count in slow]
+        for req in batch.requests:
+            slow[req.seq_slot] = max(slow[req.seq_slot], 0)
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:
         """Advance each request's matcher and fill its rows.
@@ -258,6 +276,9 @@ class BaseGuidedDecoder(RowFilling):
         bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
         row_is_valid, rows_filled = self._row_is_valid, 0
         timed = self._time_fills
+        if timed:
+            for req in requests:
+                self._fill_s[req.seq_slot] = 0.0
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
@@ -319,6 +340,18 @@ class BaseGuidedDecoder(RowFilling):
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
             self._disagg_init.clear()
         return failures
+
+    def fill_times(self) -> dict[int, float]:
+        """Seconds each request of the last build spent filling its rows, by request id, where
+        that build timed its fills: one at a time, after a build slower than
+        :data:`FILL_TIMING_S`. Requests filled untimed (a parallel wave) are left out, and so is
+        every request of a build that was not timed."""
+        batch = self._timed_batch
+        if batch is None:
+            return {}
+        fill_s = self._fill_s
+        times = {req.request_id: fill_s[req.seq_slot] for req in batch.requests}
+        return {request_id: took for request_id, took in times.items() if took > 0}
 
     def _close(self, requests: list[tuple[GuidedRequest, int]]) -> None:
         """Budget-aware closing of the filled one-row requests that carry ``tokens_left``."""

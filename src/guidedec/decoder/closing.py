@@ -222,6 +222,12 @@ class BudgetCloser:
         json_guide = params.guide_type in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
         return not (roomy and json_guide and not self.vocab().structural[token])
 
+    def warm_up(self) -> None:
+        """Build the per-tokenizer tables closing reads (the decoded vocabulary, ~1 s; the digit
+        tokens) now rather than at a first guided row, beside running requests."""
+        self.vocab()
+        self._digits = DigitTokens.of(self.tokenizer)
+
     def vocab(self) -> ClosingVocab:
         """The decoded vocabulary the search reads (built at first use, ~1 s)."""
         if self._search is None:

@@ -58,6 +58,7 @@ class RowFilling:
     is_draft_terminated: list[bool]
     _num_verifiable_tokens: list[int]
     _slow_fills: list[int]
+    _fill_s: list[float]
     _filler: BatchFiller
     _row_is_valid: HostRowChecker
     _token_mask_words: memoryview
@@ -154,6 +155,7 @@ class RowFilling:
         began = perf_counter()
         matcher.fill_next_token_bitmask(bitmask, row)
         took = perf_counter() - began
+        self._fill_s[slot] += took
         limit = self._mask_limit_s
         slow = self._slow_fills[slot]
         if slow < 0 or took <= limit:

@@ -24,6 +24,8 @@ class SlotState:
             draft token.
         slow_fills: How many of the request's last mask fills in a row were past the mask-time
             limit; -1 before its first fill (which is not held against it).
+        fill_s: Seconds the request's mask fills took in the last build, where that build
+            timed them (see ``BaseGuidedDecoder.fill_times``).
     """
 
     matchers: list[GrammarMatcher | None]
@@ -33,6 +35,7 @@ class SlotState:
     is_draft_terminated: list[bool]
     num_verifiable_tokens: list[int]
     slow_fills: list[int]
+    fill_s: list[float]
 
     @classmethod
     def empty(cls, num_slots: int) -> SlotState:
@@ -44,6 +47,7 @@ class SlotState:
             is_draft_terminated=[False] * num_slots,
             num_verifiable_tokens=[0] * num_slots,
             slow_fills=[0] * num_slots,
+            fill_s=[0.0] * num_slots,
         )
 
     def reset(self, slot: int) -> None:
@@ -54,6 +58,7 @@ class SlotState:
         self.num_advanced_draft_tokens[slot] = self.num_verifiable_tokens[slot] = 0
         self.is_draft_terminated[slot] = False
         self.slow_fills[slot] = 0
+        self.fill_s[slot] = 0.0
 
     def start(self, slot: int, matcher: GrammarMatcher) -> None:
         """A new request's matcher in the slot (its first fill is not held against it)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from guidedec.engine.graphs import DecodeGraphs, is_decode_step
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.logprobs import TokenLogprob, token_logprob
 from guidedec.engine.model import LoadedModel
+from guidedec.engine.pacing import PACE_WINDOW, pace
 from guidedec.engine.prompts import TokenizedPrompt
 from guidedec.engine.reasoning import ReasoningParser, content_ids, thinking_token
 from guidedec.engine.request import Request, RequestOutput
@@ -110,6 +112,10 @@ class EngineCore:
             max_num_draft_tokens=num_draft_tokens,
             device=model.device,
         )
+        # The backends' and closing's tokenizer tables, ~1 s each of Python that holds the GIL:
+        # now, not beside the first guided requests' steps (they would stall every request).
+        self.factory.warm_up()
+        self.decoder.closer.warm_up()
         if cuda_graphs and isinstance(self.decoder, CapturableGuidedDecoder):
             self.graphs = DecodeGraphs(runner, self.decoder)
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
@@ -127,6 +133,8 @@ class EngineCore:
         self._next_id = 0
         self._handoffs: dict[int, Handoff] = {}
         self._unreported: list[Request] = []  # finished outside a step (aborted)
+        self._forward_s = 0.0  # the last eager step's forward
+        self._step_work: deque[float] = deque(maxlen=PACE_WINDOW)  # forward + sampling, s
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it."""
@@ -135,6 +143,7 @@ class EngineCore:
         for request in finished:
             self._release(request)
         batch = self.scheduler.schedule()
+        self.stats.steps_sat_out += self.scheduler.num_sat_out
         if not batch:
             if not finished:
                 self.grammars.wait()
@@ -187,9 +196,21 @@ class EngineCore:
             logits, failures, sparse, t1, t2 = self._eager_step(batch, inputs, decoder)
         self._advance(batch, logits, failures, sparse)
         t3 = time.perf_counter()
+        if self.graphs is None:  # a replay's build is not timed
+            self._pace(batch, decoder, self._forward_s + (t3 - t2))
         failures.update(self._speculate(batch, decoder))
         self._update_stats(t0, t1, t2, t3)
         return self._collect_finished(batch, failures)
+
+    def _pace(self, batch: list[Scheduled], decoder: GuidedDecoder | None, work_s: float) -> None:
+        """Let the requests whose masks were slow sit out steps (:mod:`guidedec.engine.pacing`),
+        against the engine's usual step: the median of its recent steps' own work (forward and
+        sampling), which a slow mask beside the forward inflates."""
+        self._step_work.append(work_s)
+        times = decoder.fill_times() if decoder is not None else {}
+        if times:
+            usual = statistics.median(self._step_work)
+            self.stats.paced_requests += pace(batch, times, usual)
 
     def _graph_step(
         self, batch: list[Scheduled], inputs: list[ForwardInput], graphs: DecodeGraphs
@@ -217,8 +238,10 @@ class EngineCore:
             inputs = self._without_forced_logits(batch, inputs, decoder)
         elif decoder is not None and self.overlap and cpu:
             pending = self._builder.submit(_timed_build, decoder)
+        began = time.perf_counter()
         logits = self.runner.forward(inputs)
         t1 = time.perf_counter()
+        self._forward_s = t1 - began  # the forward alone (a build may run before it)
         if decoder is None:
             return logits, {}, {}, t1, t1
         # On a CUDA device the forward above only enqueued its kernels: this build runs

@@ -106,6 +106,7 @@ class Request:
     guide_starts: bool = False  # thinking just ended: the next step creates its matcher
     steered: bool | None = None  # its tokens are checked against its schema (None: not known yet)
     broken: str | None = None  # a settled value breaks its schema (see guidedec.engine.steering)
+    sit_out: int = 0  # steps to leave it out of, its masks being slow (see Scheduler)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     @property

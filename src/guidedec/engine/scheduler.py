@@ -31,7 +31,10 @@ class Scheduler:
     Requests join between steps as slots free up, in arrival order; one whose grammar is still
     compiling waits without holding back the others. Each step serves generating requests first
     (each feeds its last token and its draft tokens), then prompt chunks with what is left of the
-    budget, so a long prompt is prefilled over several steps.
+    budget, so a long prompt is prefilled over several steps. A generating request with
+    ``sit_out`` steps to wait (its masks are slow: see ``guidedec.engine.core.PACE_SHARE``) is
+    left out of that many steps that serve other requests; it is never left out of a step that
+    would serve nothing else.
     """
 
     def __init__(self, *, max_num_seqs: int, max_num_tokens: int) -> None:
@@ -41,6 +44,7 @@ class Scheduler:
         self.free_slots = deque(range(max_num_seqs))
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.num_sat_out = 0  # requests left out of the last step's batch (sit_out)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -53,11 +57,18 @@ class Scheduler:
         self._admit()
         budget = self.max_num_tokens
         batch: list[Scheduled] = []
-        for req in self.running:
-            if not req.in_prefill:
-                tokens = [req.all_token_ids[-1], *req.draft_tokens]
-                batch.append(Scheduled(req, tokens, is_prefill=False))
-                budget -= len(tokens)
+        generating = [req for req in self.running if not req.in_prefill]
+        waiting = [req for req in generating if req.sit_out > 0]
+        if waiting and len(waiting) == len(self.running):
+            waiting = []  # nothing else to serve: none waits
+        for req in generating:
+            if req.sit_out > 0 and waiting:
+                req.sit_out -= 1
+                continue
+            req.sit_out = 0
+            tokens = [req.all_token_ids[-1], *req.draft_tokens]
+            batch.append(Scheduled(req, tokens, is_prefill=False))
+            budget -= len(tokens)
         for req in self.running:
             if req.in_prefill and budget > 0:
                 end = min(len(req.prompt_token_ids), req.num_computed + budget)
@@ -65,6 +76,7 @@ class Scheduler:
                 last = end == len(req.prompt_token_ids)
                 batch.append(Scheduled(req, chunk, is_prefill=True, is_last_chunk=last))
                 budget -= len(chunk)
+        self.num_sat_out = len(waiting)
         return batch
 
     def _admit(self) -> None:

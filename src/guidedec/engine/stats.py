@@ -41,3 +41,5 @@ class EngineStats:
     accepted_forced_tokens: int = 0  # of them, accepted by verification
     rows_without_logits: int = 0  # verification rows whose mask allowed one token: no lm_head
     invalid_outputs: int = 0  # complete outputs that broke their JSON schema (grammar_error)
+    paced_requests: int = 0  # times a request's slow masks made it sit out steps (pacing)
+    steps_sat_out: int = 0  # steps requests sat out, summed over the requests

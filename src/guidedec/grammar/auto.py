@@ -70,6 +70,10 @@ class AutoMatcherFactory(GrammarMatcherFactory):
                 self._factories[name] = build_backend_factory(name, self.config)
             return self._factories[name]
 
+    def warm_up(self) -> None:
+        for name in (XGRAMMAR, LLGUIDANCE):
+            self.factory(name)
+
     def chosen_backend(self, params: GuidedDecodingParams) -> str | None:
         """The backend that compiled ``params`` last time, if any."""
         with self._lock:

@@ -159,7 +159,9 @@ class _SlowFactory(WrappedFactory):
     ("slow", "fails"),
     [
         ({1, 2, 4, 5, 7, 8}, False),  # a slow first fill, then never three slow in a row
-        ({2, 3, 4, 5}, True),  # a slow build turns timing on: fills 3 to 5 are timed, and fail
+        # A slow build turns timing on: fills 3 to 5 are timed, and fail (2 to 4 when the first
+        # build, a new matcher's first mask, took over FILL_TIMING_S already).
+        ({2, 3, 4, 5}, True),
     ],
 )
 def test_masks_slow_three_times_in_a_row_fail_the_request(
@@ -173,6 +175,6 @@ def test_masks_slow_three_times_in_a_row_fail_the_request(
     (matcher,) = factory.made
     if fails:
         assert out.error is not None and "mask_time_limit_ms" in out.error
-        assert matcher.fills == 5 and len(out.token_ids) == 4
+        assert matcher.fills in (4, 5) and len(out.token_ids) == matcher.fills - 1
     else:
         assert out.error is None and out.finished and matcher.fills > max(slow)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 
 import jsonschema
@@ -20,7 +21,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import BudgetCloser
-from guidedec.decoder.completion import CompletionSearch, guide_words
+from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, guide_words
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
 from guidedec.tokenizer import TokenizerInfo
 
@@ -124,6 +125,29 @@ def test_no_witness_within_too_small_a_limit(
     assert search.witness(matcher, 8) is None
     assert search.nodes <= 8 * 8 + 16  # bounded
     assert search.witness(matcher, 160) is not None  # "[0,0,...]" fits in 160
+
+
+class _SlowMasks(WrappedMatcher):
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        time.sleep(0.02)  # 20 ms a mask, as llguidance's lexer on a nested Lark repetition
+        self.inner.fill_next_token_bitmask(bitmask, index)
+
+
+def test_a_search_over_slow_masks_gives_up(
+    make_factory: Callable[..., GrammarMatcherFactory], search: CompletionSearch
+) -> None:
+    """A witness needs several masks here (the probe's candidates do not spell the key); at
+    20 ms each the search gives up past SLOW_SEARCH_S instead of stalling its batch."""
+    params = GuidedDecodingParams(regex="qzx[a-z]{3}wvk")
+    matcher = make_factory("xgrammar").create(params)
+    found = search.witness(matcher, 32)
+    assert found is not None and not search.gave_up
+    slow = _SlowMasks(matcher)
+    began = time.perf_counter()
+    assert search.witness(slow, 32) is None and search.gave_up
+    took = time.perf_counter() - began
+    assert took < SLOW_SEARCH_S + 4 * 0.02 and search.nodes <= 4
+    assert search.witness(matcher, 32) == found and not search.gave_up  # state unchanged
 
 
 def test_guide_words_name_the_keys_and_literals(tokenizer: TokenizerInfo) -> None:

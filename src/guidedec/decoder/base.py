@@ -34,7 +34,7 @@ from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 
-FILL_TIMING_S = 2e-3
+FILL_TIMING_S = 4e-3
 """A build slower than this (or than the mask-time limit, if lower) has the builds after it time
 each fill, for the mask-time limit and for :meth:`BaseGuidedDecoder.fill_times`; a build of fast
 masks pays nothing for either."""

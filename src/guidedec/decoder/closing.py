@@ -78,6 +78,7 @@ class ClosingStats:
     resampled: int = 0
     digit_runs_cut: int = 0
     recent_hits: int = 0
+    searches_given_up: int = 0  # a guide's masks were too slow to search (SLOW_SEARCH_S)
 
 
 @dataclass(slots=True)
@@ -167,7 +168,10 @@ class BudgetCloser:
                     if len(self._start_no_fit) >= GUIDES_KEPT:
                         self._start_no_fit.clear()
                     self._start_no_fit[key] = max(self._start_no_fit.get(key, 0), left)
-                self.stats.no_fit += 1
+                if self._search is not None and self._search.gave_up:
+                    self.stats.searches_given_up += 1
+                else:
+                    self.stats.no_fit += 1
                 return
             state.incomplete = False
             room = left - len(witness)
@@ -275,10 +279,11 @@ class BudgetCloser:
     def _find(
         self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int
     ) -> list[int] | None:
-        if left < 1:
-            return None
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
+        self._search.gave_up = False
+        if left < 1:
+            return None
         key = self._key(params)
         recent = self._recent.get(key)
         if recent is None:

@@ -44,6 +44,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -267,6 +268,13 @@ class ClosingVocab:
         )
 
 
+SLOW_SEARCH_S = 0.05
+"""A search gives up after this long where its masks took over :data:`SLOW_NODE_S` each on
+average: a guide whose masks take tens of milliseconds would stall its whole batch for the
+search (a real guide's search reads a mask in tens of microseconds, and so never gives up)."""
+SLOW_NODE_S = 1e-3
+
+
 class CompletionSearch:
     """Finds witnesses for matchers of one tokenizer (a scratch bitmask of its own)."""
 
@@ -276,6 +284,8 @@ class CompletionSearch:
         self._rows = torch.empty(0)
         self.nodes = 0  # expansions of the last search
         self.tries = 0  # tokens its probe tried
+        self.gave_up = False  # the last search stopped: its masks were too slow (SLOW_SEARCH_S)
+        self._began = 0.0
         self._fingerprints: list[int] = []  # the masks along the path (the root's first)
         self._budget = self._limit = 0
         self._prune_cycles = True
@@ -302,7 +312,7 @@ class CompletionSearch:
         if self._rows.shape[0] < limit + 1:
             self._rows = allocate_bitmask(limit + 1, self.vocab.vocab_size)
         total = 8 * limit + 16 if max_nodes is None else max_nodes
-        self.nodes = 0
+        self.nodes, self.gave_up, self._began = 0, False, perf_counter()
         probed = self._probe(matcher, limit) if probe else None
         if probed is not None:
             return probed
@@ -314,7 +324,7 @@ class CompletionSearch:
         passes += [(d, 4 * d, True) for d in _DEEPENING if d < limit]
         passes.append((limit, total, False))
         for depth, share, prune in passes:
-            if self.nodes >= total:
+            if self.nodes >= total or self.gave_up:
                 break
             self._limit, self._budget = depth, min(total, self.nodes + share)
             self._prune_cycles = prune
@@ -322,6 +332,14 @@ class CompletionSearch:
             if self._search(matcher, path, 0) is _FOUND:
                 return path
         return None
+
+    def _too_slow(self) -> bool:
+        """Whether the search has run past :data:`SLOW_SEARCH_S` on slow masks (it then gives
+        up: ``gave_up``)."""
+        took = perf_counter() - self._began
+        if took > SLOW_SEARCH_S and took > self.nodes * SLOW_NODE_S:
+            self.gave_up = True
+        return self.gave_up
 
     def _probe(self, matcher: GrammarMatcher, limit: int) -> list[int] | None:
         """A completion found by trying tokens (accept, roll back) instead of reading masks: at
@@ -356,7 +374,7 @@ class CompletionSearch:
                         path.append(token)
                         break
                 else:  # a rarer token (inside a key, a pattern): read the state's mask
-                    if self.nodes >= 2 * limit:
+                    if self.nodes >= 2 * limit or self._too_slow():
                         break  # masks at most at 2 * `limit` states: the probe stays bounded
                     self.nodes += 1
                     matcher.fill_next_token_bitmask(self._rows, 0)
@@ -402,7 +420,7 @@ class CompletionSearch:
         ``_FAILED`` or ``_PRUNED`` (the state's mask is its parent's: no progress), with both
         left as they were. ``parent`` is the fingerprint of the parent state's mask."""
         depth = len(path)
-        if self.nodes >= self._budget:
+        if self.nodes >= self._budget or self._too_slow():
             return _FAILED
         self.nodes += 1
         matcher.fill_next_token_bitmask(self._rows, depth)

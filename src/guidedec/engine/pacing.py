@@ -12,7 +12,7 @@ their pace, at most ``1 + PACE_SHARE`` of it; the slow request generates the sam
 (sampling draws from the request's own generator, which a step it sits out does not touch).
 
 Fill times come from the decoder's timed builds (:meth:`guidedec.decoder.GuidedDecoder.fill_times`:
-from a build slower than 2 ms on, and only where rows are filled one at a time), so a batch
+from a build slower than 4 ms on, and only where rows are filled one at a time), so a batch
 of fast masks is never paced. A request alone, or whose batch holds nothing else to serve, never
 waits (:class:`guidedec.engine.scheduler.Scheduler`).
 """

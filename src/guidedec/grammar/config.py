@@ -60,7 +60,7 @@ class GuidedDecodingConfig:
             milliseconds (the Lark regex ``/(a{700}){700}/``) would hold every request of the
             batch at that pace. Masks of real guides take microseconds (4.6 ms on average for
             the slowest schema of the shared data). Fills are timed one by one from a build
-            slower than 2 ms (or than the limit) until 64 fast builds in a row (a build of fast
+            slower than 4 ms (or than the limit) until 64 fast builds in a row (a build of fast
             masks pays nothing), where a batch's rows are filled one at a time (fewer than four
             guided rows, or ``fill_mode="sequential"``). The same times pace a request whose
             masks are slow but under the limit (see :mod:`guidedec.engine.pacing`). None: no

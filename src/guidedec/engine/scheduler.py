@@ -32,7 +32,7 @@ class Scheduler:
     compiling waits without holding back the others. Each step serves generating requests first
     (each feeds its last token and its draft tokens), then prompt chunks with what is left of the
     budget, so a long prompt is prefilled over several steps. A generating request with
-    ``sit_out`` steps to wait (its masks are slow: see ``guidedec.engine.core.PACE_SHARE``) is
+    ``sit_out`` steps to wait (its masks are slow: see :mod:`guidedec.engine.pacing`) is
     left out of that many steps that serve other requests; it is never left out of a step that
     would serve nothing else.
     """

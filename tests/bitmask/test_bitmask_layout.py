@@ -13,6 +13,7 @@ from guidedec.bitmask import (
     allocate_bitmask,
     bitmask_size,
     row_has_valid_token,
+    token_word,
 )
 from guidedec.testing import (
     bitmask_to_bool_mask,
@@ -238,6 +239,11 @@ def test_host_row_checker_finds_a_token_past_its_probe(token: int | None) -> Non
     allowed = torch.zeros(2, 2000, dtype=torch.bool)
     if token is not None:
         allowed[1, token] = True
-    check = HostRowChecker(bool_mask_to_bitmask(allowed), 2000)
+    bitmask = bool_mask_to_bitmask(allowed)
+    check = HostRowChecker(bitmask, 2000)
     assert check(0) is False
     assert check(1) is (token is not None)
+    # Probe and scan read the buffer live: a token written after the checker was made counts.
+    if token is not None:
+        bitmask[0, token // 32] = token_word(token)
+        assert check(0) is True

@@ -95,8 +95,10 @@ class HostRowChecker:
         self._heads = [row[: self._num_paired].view(np.int64) for row in self._words]
         # Most rows allow a token among the first ones (single characters, for byte-level
         # vocabularies): a short probe settles them before the full scan.
-        probe = min(PROBE_WORDS, self._num_paired)
-        self._probes = [head[: probe // 2] for head in self._heads]
+        # The probe is compared as bytes with zeros: one C comparison, no numpy dispatch.
+        probe_bytes = 4 * min(PROBE_WORDS, self._num_paired)
+        self._probes = [memoryview(row).cast("B")[:probe_bytes] for row in self._words]
+        self._zero_probe = bytes(probe_bytes)
         self._vocab_size, self._row_words = vocab_size, self._words.shape[1]
         self._flat = self._words.reshape(-1).data  # one word: a Python int, no numpy
 
@@ -109,7 +111,7 @@ class HostRowChecker:
 
     def __call__(self, row: int) -> bool:
         """Whether row ``row`` allows at least one token below the vocabulary size."""
-        if _count_nonzero(self._probes[row]) or _count_nonzero(self._heads[row]):
+        if self._probes[row] != self._zero_probe or _count_nonzero(self._heads[row]):
             return True
         words = self._words[row]
         if self._num_paired < self._num_full_words and words[self._num_paired]:

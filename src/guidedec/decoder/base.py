@@ -282,11 +282,11 @@ class BaseGuidedDecoder(RowFilling):
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
-        # Not strict: the offsets are the requests' own (and a strict zip costs 0.15 us).
-        for req, offset in zip(requests, batch.offsets, strict=False):
+        offsets = batch.offsets  # the requests' own: indexed (a zip costs 0.1 to 0.3 us)
+        for i, req in enumerate(requests):
             if req.guided_decoding_params is None:
                 continue
-            slot = req.seq_slot
+            slot, offset = req.seq_slot, offsets[i]
             advanced[slot] = guided[slot] = 0
             drafts = req.draft_tokens[:draft_len] if draft_len and not req.is_draft else ()
             if req.tokens_left is not None and not drafts and not req.is_draft:

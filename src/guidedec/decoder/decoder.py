@@ -216,9 +216,10 @@ class GuidedDecoder(BaseGuidedDecoder):
         if self.max_num_draft_tokens == 0:
             return failures
         num_advanced, verifiable = self.num_advanced_tokens, self._num_verifiable_tokens
-        for req, count in zip(requests, counts, strict=False):  # one length: callers check
+        for i, req in enumerate(requests):  # counts has one per request: callers check
             if req.guided_decoding_params is None:
                 continue
+            count = counts[i]
             slot = req.seq_slot
             advanced = num_advanced[slot]
             if advanced <= 0:

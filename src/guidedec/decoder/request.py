@@ -179,6 +179,7 @@ class GuidedRequests:
 
     def valid_requests_with_offsets(self) -> Iterator[tuple[GuidedRequest, int]]:
         """The guided requests with the first bitmask row of each."""
-        for req, offset in zip(self.requests, self.offsets, strict=False):
+        offsets = self.offsets
+        for i, req in enumerate(self.requests):
             if req.guided_decoding_params is not None:
-                yield req, offset
+                yield req, offsets[i]

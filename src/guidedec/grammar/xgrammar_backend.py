@@ -75,6 +75,10 @@ class XGrammarMatcher(GrammarMatcher):
         self._terminated = token_id in self._stop_token_ids and self._matcher.is_terminated()
         return True
 
+    # A rejected token leaves an xgrammar matcher as it was: the checked accept is the plain
+    # one, bound directly (no call through the base class's advance).
+    advance = accept_token
+
     def rollback(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= self._num_accepted:
             check_rollback(num_tokens, self._num_accepted)

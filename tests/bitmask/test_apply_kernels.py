@@ -304,6 +304,41 @@ def test_cpu_kernel_plans_work_on_the_minority_side_of_bimodal_rows(
     assert plan.dense.tolist() == [False, False, True, False, False, False]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("strided", [False, True])
+def test_cpu_kernel_sends_patch_and_dense_rows_to_xgrammar_where_it_can(
+    dtype: torch.dtype, strided: bool, monkeypatch: pytest.MonkeyPatch, generator: torch.Generator
+) -> None:
+    """Patch and dense rows of float32/16 and bfloat16 logits with contiguous columns go to
+    xgrammar's kernel, by row index; restore rows, float64 and strided columns stay with
+    guidedec's own paths. Either way the result is the reference's, bit for bit."""
+    vocab = 129280
+    densities = [0.0, 0.005, 0.5, 0.99, 1.0, 0.5]
+    bitmask = torch.cat(
+        [random_bitmask(1, vocab, density=d, generator=generator) for d in densities]
+    )
+    logits = random_logits(len(densities), vocab, dtype, generator)
+    native_rows: list[list[int]] = []
+    real = _cpu.apply_token_bitmask_inplace_cpu
+
+    def spy(logits: torch.Tensor, bitmask: torch.Tensor, vocab: int, rows: list[int]) -> None:
+        native_rows.append(rows)
+        real(logits, bitmask, vocab, rows)
+
+    monkeypatch.setattr(_cpu, "apply_token_bitmask_inplace_cpu", spy)
+    expected = applied(logits, bitmask, "torch")
+    if strided:  # the same values, every other column of a buffer twice as wide
+        wide = torch.empty(len(densities), 2 * vocab, dtype=dtype)
+        wide[:, ::2] = logits
+        actual = wide[:, ::2]
+        apply_bitmask(actual, bitmask, backend="cpu")
+    else:
+        actual = applied(logits, bitmask, "cpu")
+    assert_bit_identical(actual, expected)
+    native = dtype != torch.float64 and not strided
+    assert native_rows == ([[2, 3, 5]] if native else [])
+
+
 def test_cpu_plan_ignores_padding_bits_when_counting_allowed_tokens() -> None:
     row = bool_mask_to_bitmask(torch.ones(1, 33, dtype=torch.bool), padding_allowed=False)
     padded = bool_mask_to_bitmask(torch.ones(1, 33, dtype=torch.bool), padding_allowed=True)

@@ -9,6 +9,12 @@ nearly all of them (inside a string). Each row is planned from its exact count o
   them back;
 - *dense* (neither side is small): unpack the whole row and ``masked_fill_`` it.
 
+For float32, bfloat16 and float16 logits the patch and dense rows go instead to xgrammar's
+compiled CPU kernel (one pass over each row's words, writing -inf at each forbidden column; no
+bit array is unpacked), by row index, where logits and bitmask have contiguous columns (the
+kernel ignores column strides). It is two to three times faster on those rows; the restore rows,
+which it would walk column by column, stay here.
+
 Everything works on an integer view of the logits (same strides), so allowed entries are copied
 bit for bit (NaN payloads included) and masked entries get the exact -inf bit pattern of the
 dtype. Index arithmetic and the sparse writes run in numpy: cheap on small arrays, and
@@ -26,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from xgrammar.kernels.apply_token_bitmask_inplace_cpu import apply_token_bitmask_inplace_cpu
 
 from guidedec.bitmask.kernels import _torch
 from guidedec.bitmask.kernels.common import (
@@ -43,6 +50,8 @@ LogitsArray = npt.NDArray[np.signedinteger[Any]]  # int32 or int16 view of the l
 # A row is sparse when its minority side (allowed or forbidden columns) is at most 1/32 of the
 # columns: one sparse bit costs ~15-50 ns, one dense column ~1-2 ns (measured, V = 129,280).
 _SPARSE_DIVISOR = 32
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes xgrammar's CPU kernel takes, for the patch and dense rows."""
 
 
 def apply_bitmask_inplace(
@@ -64,8 +73,12 @@ def apply_bitmask_inplace(
     words = covered_words(bitmask, num_columns)
     _mask_uncovered_columns(int_array, active, num_columns, neg_inf)
     plan = plan_rows(words, num_columns, active)
-    _patch_rows(int_array, words, plan.patch, num_columns, neg_inf)
     _restore_rows(int_array, words, plan.restore, num_columns, neg_inf)
+    # xgrammar's kernel reads and writes each row as if its columns were contiguous.
+    if logits.dtype in _NATIVE_DTYPES and logits.stride(1) == 1 and bitmask.stride(1) == 1:
+        _native_rows(logits, bitmask, plan.patch | plan.dense, num_columns)
+        return
+    _patch_rows(int_array, words, plan.patch, num_columns, neg_inf)
     _dense_rows(int_logits, words, plan.dense, num_columns, neg_inf)
 
 
@@ -133,6 +146,15 @@ def _restore_rows(
     for row in np.flatnonzero(rows).tolist():
         int_array[row].fill(neg_inf)
     int_array[index] = kept
+
+
+def _native_rows(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: BoolArray, num_columns: int
+) -> None:
+    """The selected rows through xgrammar's CPU kernel (columns below ``num_columns``)."""
+    row_ids = np.flatnonzero(rows).tolist()
+    if row_ids:
+        apply_token_bitmask_inplace_cpu(logits, bitmask, num_columns, row_ids)
 
 
 def _dense_rows(

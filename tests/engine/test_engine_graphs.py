@@ -448,7 +448,9 @@ def test_a_failure_inside_a_replay_finishes_only_its_request() -> None:
                 slot = llm._requests[ids[1]].slot
                 assert slot is not None
                 matcher = llm.decoder.grammar_matchers[slot]
-                matcher.accept_token = lambda token: False  # type: ignore[method-assign,union-attr]
+                # Every accept says no: the checked one and the sampled token's (advance).
+                reject = lambda token: False  # noqa: E731
+                matcher.accept_token = matcher.advance = reject  # type: ignore[method-assign,union-attr]
             done.update((out.request_id, out) for out in llm.step())
         results[sabotage] = [done[i] for i in ids]
         llm.close()

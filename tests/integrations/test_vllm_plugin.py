@@ -19,6 +19,7 @@ vllm = pytest.importorskip("vllm")
 import guidedec  # noqa: E402
 from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
 from guidedec.engine.model import export_model  # noqa: E402
+from guidedec.grammar.auto import AutoMatcherFactory  # noqa: E402
 from guidedec.integrations.vllm import GuidedLogitsProcessor  # noqa: E402
 
 PERSON = {
@@ -229,3 +230,12 @@ def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
     )
     assert processor.factory.config.backend == "llguidance"
     assert processor._filler.mode == "sequential"
+
+
+def test_the_backends_are_built_when_the_processor_is(model_dir: Path) -> None:
+    """Both backends of ``auto`` are built at engine start (their views of the tokenizer), not
+    by the first guide that needs each one, inside a step."""
+    processor = GuidedLogitsProcessor(_vllm_config(model_dir, {}), "cpu", False)
+    factory = processor.factory
+    assert isinstance(factory, AutoMatcherFactory)
+    assert sorted(factory._factories) == ["llguidance", "xgrammar"]

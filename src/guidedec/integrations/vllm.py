@@ -151,6 +151,9 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             fill_threads=options.get("fill_threads"),
         )
         self.factory = create_grammar_matcher_factory(config)
+        # The backends' views of the tokenizer now, at engine start: not inside a step, where a
+        # first Lark guide would build llguidance's with the GIL held.
+        self.factory.warm_up()
         # The batch's rows in one call of the backend's own threads where that measures faster.
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
         self.rows: dict[int, _Row] = {}

@@ -13,6 +13,7 @@ import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.decoder import GuidedDecoder
+from guidedec.grammar.auto import AutoMatcherFactory
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import (
@@ -149,10 +150,15 @@ class _SlowFactory(WrappedFactory):
         super().__init__(inner)
         self.slow = slow
         self.made: list[_SlowMatcher] = []
+        self.forgotten: list[GuidedDecodingParams] = []
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
         self.made.append(_SlowMatcher(self.inner.create(params), self.slow, 0.03))
         return self.made[-1]
+
+    def forget(self, params: GuidedDecodingParams) -> None:
+        self.forgotten.append(params)
+        super().forget(params)
 
 
 @pytest.mark.parametrize(
@@ -176,5 +182,14 @@ def test_masks_slow_three_times_in_a_row_fail_the_request(
     if fails:
         assert out.error is not None and "mask_time_limit_ms" in out.error
         assert matcher.fills in (4, 5) and len(out.token_ids) == matcher.fills - 1
+        # The guide would fail every request: the factory drops it (a later one compiles anew).
+        assert factory.forgotten == [guide]
+        auto = factory.inner
+        assert isinstance(auto, AutoMatcherFactory)
+        caches = [auto.factory(name).cache for name in ("xgrammar", "llguidance")]  # type: ignore[attr-defined]
+        misses = sum(cache.stats().misses for cache in caches)
+        factory.compile(guide)
+        assert sum(cache.stats().misses for cache in caches) == misses + 1
     else:
         assert out.error is None and out.finished and matcher.fills > max(slow)
+        assert factory.forgotten == []

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+import guidedec.grammar.cache
 from guidedec import (
     GrammarMatcherFactory,
     GuidedDecodingConfig,
@@ -148,6 +149,49 @@ def test_compile_cache_evicts_least_recently_used_within_its_byte_budget() -> No
     assert compiled == ["a", "b", "c", "b", "huge", "huge"]
     stats = cache.stats()
     assert stats.size_bytes <= 10 and (stats.hits, stats.misses) == (2, 6)
+
+
+def test_compile_cache_discards_one_entry_and_its_bytes() -> None:
+    cache: CompileCache[str] = CompileCache(limit_bytes=10)
+    for key, size in (("a", 3), ("b", 4)):
+        cache.get_or_compile(key, key.upper, lambda _, size=size: size)
+    assert cache.discard("a") == 3 and cache.discard("a") == 0 and cache.discard("zzz") == 0
+    stats = cache.stats()
+    assert (stats.entries, stats.size_bytes) == (1, 4)
+    assert cache.get_or_compile("a", lambda: "again", lambda _: 3) == "again"  # compiled anew
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "auto"])
+def test_a_forgotten_guide_is_compiled_again_and_its_memory_given_back(
+    backend: str, tokenizer: TokenizerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[int] = []
+    monkeypatch.setattr(guidedec.grammar.cache, "_malloc_trim", lambda: trims.append)
+    config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)
+    factory = create_grammar_matcher_factory(config)
+    kept, dropped = GuidedDecodingParams(regex="a+"), GuidedDecodingParams(regex="b+")
+    factory.compile(kept)
+    factory.compile(dropped)
+    factory.forget(dropped)
+    assert trims == [0]  # malloc_trim(0), once: only the one backend that held it
+    factory.forget(dropped)  # nothing left to drop: nothing to give back
+    assert trims == [0]
+    caches = (
+        [factory.factory(name).cache for name in ("xgrammar", "llguidance")]  # type: ignore[attr-defined]
+        if backend == "auto"
+        else [factory.cache]  # type: ignore[attr-defined]
+    )
+    misses = sum(cache.stats().misses for cache in caches)
+    factory.compile(kept)
+    factory.compile(dropped)
+    assert sum(cache.stats().misses for cache in caches) == misses + 1  # the forgotten one
+
+
+def test_freed_memory_is_given_back_through_the_c_library() -> None:
+    """On glibc, malloc_trim is found and called (returns 0 or 1); elsewhere nothing happens."""
+    guidedec.grammar.cache.return_freed_memory()
+    trim = guidedec.grammar.cache._malloc_trim()
+    assert trim is None or trim(0) in (0, 1)
 
 
 def test_tokenizer_info_defaults(tokenizer: TokenizerInfo) -> None:

@@ -26,7 +26,14 @@ from guidedec.bitmask import (
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
-from guidedec.decoder.rows import DEAD_END, Failure, RequestError, RowFill, RowFilling
+from guidedec.decoder.rows import (
+    DEAD_END,
+    Failure,
+    RequestError,
+    RowFill,
+    RowFilling,
+    SlowMasksError,
+)
 from guidedec.decoder.slots import SlotState
 from guidedec.decoder.streams import StepSync
 from guidedec.errors import REQUEST_ERRORS
@@ -421,6 +428,9 @@ class BaseGuidedDecoder(RowFilling):
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))
         self._forget(req)
+        params = req.guided_decoding_params
+        if isinstance(exc, SlowMasksError) and params is not None:
+            self.factory.forget(params)  # its matcher is gone: its compiled guide goes too
 
     def single_token_rows(self, rows: Sequence[int]) -> list[int]:
         """Those of ``rows`` whose mask, filled by the last build, allows exactly one token:

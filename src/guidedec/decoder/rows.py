@@ -35,6 +35,12 @@ class RequestError(GuidedecError):
     """Why one request cannot go on; collected by ``build``, never raised to the caller."""
 
 
+class SlowMasksError(RequestError):
+    """A guide's masks take longer than ``mask_time_limit_ms``: its request fails, and the
+    factory forgets the guide (:meth:`GrammarMatcherFactory.forget`), since it would fail every
+    request and its grammar state may have grown large."""
+
+
 class RowFill:
     """A request whose rows ``build`` is filling: the next is ``row`` (``offset + position``)."""
 
@@ -163,7 +169,7 @@ class RowFilling:
             return
         self._slow_fills[slot] = slow + 1
         if slow + 1 >= SLOW_FILLS:
-            raise RequestError(
+            raise SlowMasksError(
                 f"this guide's token masks take over {limit * 1e3:g} ms each ({took * 1e3:.0f} ms "
                 f"the last, {SLOW_FILLS} in a row), past GuidedDecodingConfig.mask_time_limit_ms:"
                 " it would slow every request of the batch"

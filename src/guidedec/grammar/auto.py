@@ -74,6 +74,12 @@ class AutoMatcherFactory(GrammarMatcherFactory):
         for name in (XGRAMMAR, LLGUIDANCE):
             self.factory(name)
 
+    def forget(self, params: GuidedDecodingParams) -> None:
+        with self._lock:
+            built = list(self._factories.values())
+        for factory in built:
+            factory.forget(params)
+
     def chosen_backend(self, params: GuidedDecodingParams) -> str | None:
         """The backend that compiled ``params`` last time, if any."""
         with self._lock:

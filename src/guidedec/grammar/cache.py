@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -112,6 +114,15 @@ class CompileCache(Generic[V]):
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self._size -= evicted
 
+    def discard(self, key: Hashable) -> int:
+        """Drop ``key``'s entry, if any; the bytes it was counted for (0 when absent)."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return 0
+            self._size -= entry[1]
+            return entry[1]
+
     def clear(self) -> None:
         """Drop every entry (counters are kept)."""
         with self._lock:
@@ -124,3 +135,22 @@ class CompileCache(Generic[V]):
             return CacheStats(
                 self._hits, self._misses, len(self._entries), self._size, self.limit_bytes
             )
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system where the C library can (glibc's
+    ``malloc_trim``): the backends allocate through it, and without this a process keeps the
+    peak of what a dropped grammar held."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:  # pragma: no cover - no C library to load
+        return None
+    trim: Callable[[int], int] | None = getattr(libc, "malloc_trim", None)
+    return trim

@@ -14,7 +14,7 @@ import llguidance.hf
 import torch
 
 from guidedec.errors import GrammarError, MatcherError
-from guidedec.grammar.cache import CompileCache, guide_cache_key
+from guidedec.grammar.cache import CompileCache, guide_cache_key, return_freed_memory
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import (
     choice_to_lark,
@@ -225,6 +225,10 @@ class LLGuidanceMatcherFactory(GrammarMatcherFactory):
         return LLGuidanceMatcher(
             template.matcher.deep_copy(), self._stop_token_ids, self.config.tokenizer.vocab_size
         )
+
+    def forget(self, params: GuidedDecodingParams) -> None:
+        if self.cache.discard(guide_cache_key(params)):
+            return_freed_memory()
 
     def compile(self, params: GuidedDecodingParams) -> _Template:
         """A matcher at the start of ``params``' grammar, kept in the cache as a template."""

@@ -168,6 +168,13 @@ class GrammarMatcherFactory(ABC):
         ``auto`` builds its backends' factories here."""
         return  # nothing to build by default
 
+    def forget(self, params: GuidedDecodingParams) -> None:
+        """Drop ``params``' compiled guide from the cache, and give back the memory it held
+        (the next request with it compiles it again): for a guide that failed its request in a
+        way it would fail every request (masks too slow to use), whose grammar state can grow
+        past what the cache counts for it. Nothing to drop by default."""
+        return
+
 
 class WrappedFactory(GrammarMatcherFactory):
     """A factory that forwards every call to ``inner``: a base for one that observes its
@@ -185,3 +192,6 @@ class WrappedFactory(GrammarMatcherFactory):
 
     def warm_up(self) -> None:
         self.inner.warm_up()
+
+    def forget(self, params: GuidedDecodingParams) -> None:
+        self.inner.forget(params)

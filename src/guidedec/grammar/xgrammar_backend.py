@@ -18,7 +18,7 @@ import torch
 import xgrammar as xgr
 
 from guidedec.errors import GrammarError
-from guidedec.grammar.cache import CompileCache, guide_cache_key
+from guidedec.grammar.cache import CompileCache, guide_cache_key, return_freed_memory
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import (
     choice_to_ebnf,
@@ -224,6 +224,10 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         return XGrammarMatcher(
             xgr.GrammarMatcher(compiled), self._stop_token_ids, self.config.tokenizer.encode
         )
+
+    def forget(self, params: GuidedDecodingParams) -> None:
+        if self.cache.discard(guide_cache_key(params)):
+            return_freed_memory()
 
     def compile(self, params: GuidedDecodingParams) -> xgr.CompiledGrammar:
         """The compiled grammar of ``params`` (cached in memory, and on disk where configured)."""

@@ -23,6 +23,7 @@ from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, guide_words
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
+from guidedec.testing import SlowMasks
 from guidedec.tokenizer import TokenizerInfo
 
 BACKENDS = ["xgrammar", "llguidance", "auto"]
@@ -127,12 +128,6 @@ def test_no_witness_within_too_small_a_limit(
     assert search.witness(matcher, 160) is not None  # "[0,0,...]" fits in 160
 
 
-class _SlowMasks(WrappedMatcher):
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
-        time.sleep(0.02)  # 20 ms a mask, as llguidance's lexer on a nested Lark repetition
-        self.inner.fill_next_token_bitmask(bitmask, index)
-
-
 def test_a_search_over_slow_masks_gives_up(
     make_factory: Callable[..., GrammarMatcherFactory], search: CompletionSearch
 ) -> None:
@@ -142,7 +137,7 @@ def test_a_search_over_slow_masks_gives_up(
     matcher = make_factory("xgrammar").create(params)
     found = search.witness(matcher, 32)
     assert found is not None and not search.gave_up
-    slow = _SlowMasks(matcher)
+    slow = SlowMasks(matcher, 0.02)  # 20 ms a mask, as llguidance's on a nested Lark repetition
     began = time.perf_counter()
     assert search.witness(slow, 32) is None and search.gave_up
     took = time.perf_counter() - began

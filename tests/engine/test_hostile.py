@@ -4,7 +4,6 @@ an error naming its problem, the healthy one is unchanged token for token."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,9 +19,8 @@ from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,
     WrappedFactory,
-    WrappedMatcher,
 )
-from guidedec.testing import uniform_guided_generate
+from guidedec.testing import SlowMasks, uniform_guided_generate
 from guidedec.tokenizer import TokenizerInfo
 
 HEALTHY = GuidedDecodingParams(
@@ -131,29 +129,15 @@ def test_the_mask_time_limit_is_configurable_and_checked() -> None:
     assert set(out.text) == {"a"}
 
 
-class _SlowMatcher(WrappedMatcher):
-    """A real matcher whose fills sleep ``slow_s`` at the fill numbers in ``slow``."""
-
-    def __init__(self, inner: GrammarMatcher, slow: set[int], slow_s: float) -> None:
-        super().__init__(inner)
-        self.slow, self.slow_s, self.fills = slow, slow_s, 0
-
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
-        self.fills += 1
-        if self.fills in self.slow:
-            time.sleep(self.slow_s)
-        self.inner.fill_next_token_bitmask(bitmask, index)
-
-
 class _SlowFactory(WrappedFactory):
     def __init__(self, inner: GrammarMatcherFactory, slow: set[int]) -> None:
         super().__init__(inner)
         self.slow = slow
-        self.made: list[_SlowMatcher] = []
+        self.made: list[SlowMasks] = []
         self.forgotten: list[GuidedDecodingParams] = []
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
-        self.made.append(_SlowMatcher(self.inner.create(params), self.slow, 0.03))
+        self.made.append(SlowMasks(self.inner.create(params), 0.03, at=self.slow))
         return self.made[-1]
 
     def forget(self, params: GuidedDecodingParams) -> None:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 
 import pytest
-import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.engine.pacing import MAX_SIT_OUT, PACE_SHARE, pace
 from guidedec.engine.request import Request
 from guidedec.engine.scheduler import Scheduled, Scheduler
-from guidedec.grammar.matcher import GrammarMatcher, WrappedFactory, WrappedMatcher
+from guidedec.grammar.matcher import GrammarMatcher, WrappedFactory
+from guidedec.testing import SlowMasks
 
 SLOW = GuidedDecodingParams(regex="[xy]{200}")  # no end within the budget: 24 tokens each
 HEALTHY = GuidedDecodingParams(regex="[ab]{200}")
@@ -95,18 +94,12 @@ def test_a_request_alone_is_never_paced() -> None:
     assert slow.sit_out == 0
 
 
-class _SlowFills(WrappedMatcher):
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
-        time.sleep(SLOW_FILL_S)
-        self.inner.fill_next_token_bitmask(bitmask, index)
-
-
 class _SlowGuideFactory(WrappedFactory):
     """The matchers of ``SLOW`` fill their masks slowly; the others are the backend's own."""
 
     def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
         matcher = self.inner.create(params)
-        return _SlowFills(matcher) if params == SLOW else matcher
+        return SlowMasks(matcher, SLOW_FILL_S) if params == SLOW else matcher
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from guidedec.testing.masks import (
     random_bool_mask,
 )
 from guidedec.testing.matchers import (
+    SlowMasks,
     accepts_output,
     allowed_token_ids,
     feed_tokens,
@@ -50,6 +51,7 @@ __all__ = [
     "RandomDrafter",
     "RunnerStats",
     "ScriptedTarget",
+    "SlowMasks",
     "accepts_output",
     "allowed_token_ids",
     "bitmask_to_bool_mask",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 
 import torch
 
 from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
+from guidedec.grammar.matcher import WrappedMatcher
 from guidedec.testing.masks import bitmask_to_bool_mask
 from guidedec.tokenizer import TokenizerInfo
 
@@ -46,3 +48,21 @@ def accepts_output(
     if feed_tokens(matcher, tokens) != len(tokens):
         return False
     return matcher.accept_token(tokenizer.eos_token_id)
+
+
+class SlowMasks(WrappedMatcher):
+    """A real matcher whose mask fills sleep ``sleep_s`` first: every fill, or only the fills
+    numbered in ``at`` (from 1). ``fills`` counts them. Stands for a guide whose masks are slow
+    (llguidance's lexer on a nested Lark repetition takes tens of milliseconds a mask)."""
+
+    def __init__(
+        self, inner: GrammarMatcher, sleep_s: float, at: Collection[int] | None = None
+    ) -> None:
+        super().__init__(inner)
+        self.sleep_s, self.at, self.fills = sleep_s, at, 0
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        self.fills += 1
+        if self.at is None or self.fills in self.at:
+            time.sleep(self.sleep_s)
+        self.inner.fill_next_token_bitmask(bitmask, index)

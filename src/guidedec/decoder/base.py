@@ -241,14 +241,15 @@ class BaseGuidedDecoder(RowFilling):
         stats = self.stats
         stats.build_s = took
         stats.steps += 1
-        self._timed_batch = batch if self._time_fills else None
+        timing = self._time_fills
+        self._timed_batch = batch if timing else None
         # Fills are timed one by one from a slow build (FILL_TIMING_S) until TIMING_HOLD fast
         # builds in a row: a slow request that sat out steps is still timed when it is back.
         if took > self._timing_s:
             self._fast_builds = 0
-            if not self._time_fills:
+            if not timing:
                 self._start_fill_timing(batch)
-        elif self._time_fills:
+        elif timing:
             self._fast_builds += 1
             if self._fast_builds >= TIMING_HOLD:
                 self._time_fills = False

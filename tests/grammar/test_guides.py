@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 from collections.abc import Callable
 
 import pytest
 
-import guidedec.grammar.cache
 from guidedec import (
     GrammarMatcherFactory,
     GuidedDecodingConfig,
@@ -17,6 +17,7 @@ from guidedec import (
     create_grammar_matcher_factory,
 )
 from guidedec.errors import GrammarError
+from guidedec.grammar import isolation
 from guidedec.grammar.cache import CompileCache, canonical_json_schema
 from guidedec.testing import accepts_output
 
@@ -166,7 +167,12 @@ def test_a_forgotten_guide_is_compiled_again_and_its_memory_given_back(
     backend: str, tokenizer: TokenizerInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trims: list[int] = []
-    monkeypatch.setattr(guidedec.grammar.cache, "_malloc_trim", lambda: trims.append)
+    real = isolation._libc_function
+    monkeypatch.setattr(
+        isolation,
+        "_libc_function",
+        lambda name, restype: trims.append if name == "malloc_trim" else real(name, restype),
+    )
     config = GuidedDecodingConfig(backend=backend, tokenizer=tokenizer)
     factory = create_grammar_matcher_factory(config)
     kept, dropped = GuidedDecodingParams(regex="a+"), GuidedDecodingParams(regex="b+")
@@ -189,8 +195,8 @@ def test_a_forgotten_guide_is_compiled_again_and_its_memory_given_back(
 
 def test_freed_memory_is_given_back_through_the_c_library() -> None:
     """On glibc, malloc_trim is found and called (returns 0 or 1); elsewhere nothing happens."""
-    guidedec.grammar.cache.return_freed_memory()
-    trim = guidedec.grammar.cache._malloc_trim()
+    isolation.return_freed_memory()
+    trim = isolation._libc_function("malloc_trim", ctypes.c_int)
     assert trim is None or trim(0) in (0, 1)
 
 

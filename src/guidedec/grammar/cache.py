@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import threading
 from collections import OrderedDict
@@ -135,22 +133,3 @@ class CompileCache(Generic[V]):
             return CacheStats(
                 self._hits, self._misses, len(self._entries), self._size, self.limit_bytes
             )
-
-
-def return_freed_memory() -> None:
-    """Hand the heap's free pages back to the system where the C library can (glibc's
-    ``malloc_trim``): the backends allocate through it, and without this a process keeps the
-    peak of what a dropped grammar held."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:  # pragma: no cover - no C library to load
-        return None
-    trim: Callable[[int], int] | None = getattr(libc, "malloc_trim", None)
-    return trim

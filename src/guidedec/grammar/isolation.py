@@ -360,20 +360,30 @@ class _MallInfo2(ctypes.Structure):
 def heap_in_use() -> int | None:
     """Bytes the C heap has handed out (glibc's ``mallinfo2``: small blocks and mmapped ones),
     which the backends' native allocations go through; None without glibc 2.33."""
-    mallinfo2 = _mallinfo2()
+    mallinfo2 = _libc_function("mallinfo2", _MallInfo2)
     if mallinfo2 is None:
         return None
     info = mallinfo2()
     return int(info.uordblks + info.hblkhd)
 
 
+def return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system where the C library can (glibc's
+    ``malloc_trim``): the backends allocate through it, and without this a process keeps the
+    peak of what a dropped grammar held."""
+    trim = _libc_function("malloc_trim", ctypes.c_int)
+    if trim is not None:
+        trim(0)
+
+
 @functools.cache
-def _mallinfo2() -> Any:
+def _libc_function(name: str, restype: Any) -> Any:
+    """The C library's function ``name`` returning ``restype``; None where there is none."""
     try:
-        function = ctypes.CDLL(None).mallinfo2
+        function = getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
         return None
-    function.restype = _MallInfo2
+    function.restype = restype
     return function
 
 

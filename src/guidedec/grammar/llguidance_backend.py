@@ -14,7 +14,7 @@ import llguidance.hf
 import torch
 
 from guidedec.errors import GrammarError, MatcherError
-from guidedec.grammar.cache import CompileCache, guide_cache_key, return_freed_memory
+from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import (
     choice_to_lark,
@@ -22,6 +22,7 @@ from guidedec.grammar.convert import (
     regex_for_llguidance,
     structural_tag_to_lark,
 )
+from guidedec.grammar.isolation import return_freed_memory
 from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,

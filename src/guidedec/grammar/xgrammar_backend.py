@@ -18,7 +18,7 @@ import torch
 import xgrammar as xgr
 
 from guidedec.errors import GrammarError
-from guidedec.grammar.cache import CompileCache, guide_cache_key, return_freed_memory
+from guidedec.grammar.cache import CompileCache, guide_cache_key
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.convert import (
     choice_to_ebnf,
@@ -27,6 +27,7 @@ from guidedec.grammar.convert import (
     structural_tag_to_xgrammar_arg,
 )
 from guidedec.grammar.disk_cache import DiskCompileCache
+from guidedec.grammar.isolation import return_freed_memory
 from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,

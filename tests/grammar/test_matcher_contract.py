@@ -18,6 +18,7 @@ from guidedec import (
     create_grammar_matcher_factory,
 )
 from guidedec.bitmask import allocate_bitmask, bitmask_size
+from guidedec.grammar.matcher import FILLED, REJECTED, TERMINATED, GrammarMatcher, WrappedMatcher
 from guidedec.testing import accepts_output, allowed_token_ids, feed_tokens, next_token_mask
 
 PERSON = {
@@ -134,6 +135,57 @@ def test_advance_moves_as_accept_token_does(
             assert rejecting.advance(token) is False, token
     for outside in (-1, tokenizer.vocab_size):
         assert factory.create(params).advance(outside) is False
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["backend", "base class"])
+@pytest.mark.parametrize(("params", "valid", "_invalid"), GUIDE_CASES)
+def test_advance_and_fill_does_what_its_three_calls_do(
+    factory: GrammarMatcherFactory,
+    tokenizer: TokenizerInfo,
+    params: GuidedDecodingParams,
+    valid: str,
+    _invalid: str,
+    wrapped: bool,
+) -> None:
+    """``advance_and_fill`` (the backend's own, or the base class's through a wrapper) gives
+    the same status, state and row as advance, ``is_terminated`` and the fill, in any row of
+    a several-row bitmask, and a rejected token fills nothing."""
+    vocab = tokenizer.vocab_size
+
+    def make() -> GrammarMatcher:
+        matcher = factory.create(params)
+        return WrappedMatcher(matcher) if wrapped else matcher
+
+    fused, separate = make(), make()
+    bitmask, reference = allocate_bitmask(3, vocab), allocate_bitmask(3, vocab)
+    ids = [*tokenizer.encode(valid), tokenizer.eos_token_id]
+    for position, token in enumerate(ids):
+        row = position % 3
+        bitmask[row] = reference[row] = 0
+        status = fused.advance_and_fill(token, bitmask, row)
+        assert separate.accept_token(token)
+        if separate.is_terminated():
+            assert status == TERMINATED and fused.is_terminated(), position
+            assert not bitmask[row].any()
+            break
+        separate.fill_next_token_bitmask(reference, row)
+        assert status == FILLED, position
+        assert torch.equal(bitmask, reference), position
+    else:
+        raise AssertionError("the valid output never terminated")
+    fused.rollback(2)  # the stop token and the last text token
+    separate.rollback(2)
+    assert torch.equal(next_token_mask(fused, vocab), next_token_mask(separate, vocab))
+    assert fused.advance_and_fill(ids[-2], bitmask, 1) == FILLED
+    assert fused.advance_and_fill(tokenizer.eos_token_id, bitmask, 2) == TERMINATED
+    bitmask.fill_(-1)
+    assert fused.advance_and_fill(ids[0], bitmask, 0) == REJECTED  # terminated
+    probe = make()  # a rejection may leave a backend's matcher unusable: a fresh one
+    assert feed_tokens(probe, ids[:-2]) == len(ids) - 2
+    allowed = allowed_token_ids(next_token_mask(probe, vocab), vocab)
+    rejected = next(t for t in range(vocab) if t not in allowed)
+    assert probe.advance_and_fill(rejected, bitmask, 1) == REJECTED
+    assert bool((bitmask == -1).all())  # nothing written
 
 
 def test_stop_token_is_allowed_only_when_the_output_is_complete(
@@ -280,3 +332,46 @@ def test_llguidance_fill_refuses_a_bitmask_it_would_write_out_of(
         matcher.fill_next_token_bitmask(torch.zeros(1, words - 1, dtype=torch.int32), 0)
     with pytest.raises(IndexError, match="out of range"):
         matcher.fill_next_token_bitmask(allocate_bitmask(2, tokenizer.vocab_size), 2)
+
+
+def test_xgrammar_wrapper_calls_the_native_handle_and_falls_back_to_the_public_methods(
+    tokenizer: TokenizerInfo,
+) -> None:
+    """The wrapper's hot calls go to xgrammar's native handle, under its Python methods; a
+    matcher without such a handle, or of a subclass (which may override a method), goes through
+    the public methods, with the same results."""
+    import xgrammar
+
+    from guidedec.grammar.xgrammar_backend import (
+        XGrammarMatcher,
+        _native_calls,
+        _PublicCalls,
+        xgrammar_tokenizer_info,
+    )
+
+    compiled = xgrammar.GrammarCompiler(xgrammar_tokenizer_info(tokenizer)).compile_json_schema(
+        json.dumps(PERSON)
+    )
+
+    class Subclassed(xgrammar.GrammarMatcher):
+        pass
+
+    stops = frozenset(tokenizer.stop_token_ids)
+    native = XGrammarMatcher(xgrammar.GrammarMatcher(compiled), stops)
+    assert native._native is native._matcher._handle
+    public = XGrammarMatcher(Subclassed(compiled), stops)
+    assert isinstance(public._native, _PublicCalls)
+    assert isinstance(_native_calls(object()), _PublicCalls)  # type: ignore[arg-type]
+    ids = tokenizer.encode(PERSON_TEXT)
+    for position, token in enumerate(ids):
+        assert torch.equal(
+            next_token_mask(native, tokenizer.vocab_size),
+            next_token_mask(public, tokenizer.vocab_size),
+        ), position
+        assert native.accept_token(token) and public.accept_token(token)
+        if position % 3 == 2:
+            native.rollback(2)
+            public.rollback(2)
+            assert feed_tokens(native, ids[position - 1 : position + 1]) == 2
+            assert feed_tokens(public, ids[position - 1 : position + 1]) == 2
+    assert not native.accept_token(ids[0]) and not public.accept_token(ids[0])

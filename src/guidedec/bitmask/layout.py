@@ -99,14 +99,15 @@ class HostRowChecker:
         probe_bytes = 4 * min(PROBE_WORDS, self._num_paired)
         self._probes = [memoryview(row).cast("B")[:probe_bytes] for row in self._words]
         self._zero_probe = bytes(probe_bytes)
-        self._vocab_size, self._row_words = vocab_size, self._words.shape[1]
-        self._flat = self._words.reshape(-1).data  # one word: a Python int, no numpy
+        self.vocab_size, self.row_words = vocab_size, self._words.shape[1]
+        self.flat = self._words.reshape(-1).data
+        """The buffer's words, one index per word: a Python int, no numpy."""
 
     def allows(self, row: int, token: int) -> bool:
         """Whether row ``row`` allows ``token`` (never a token outside the vocabulary)."""
-        if not 0 <= token < self._vocab_size:
+        if not 0 <= token < self.vocab_size:
             return False
-        word = self._flat[row * self._row_words + (token >> 5)]
+        word = self.flat[row * self.row_words + (token >> 5)]
         return bool(word >> (token & 31) & 1)
 
     def __call__(self, row: int) -> bool:

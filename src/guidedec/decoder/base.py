@@ -39,8 +39,16 @@ from guidedec.decoder.streams import StepSync
 from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import (
+    FILLED,
+    REJECTED,
+    TERMINATED,
+    GrammarMatcher,
+    GrammarMatcherFactory,
+)
 
+_ADVANCED = -1
+"""A new token accepted, its row not filled yet (beside the statuses of ``advance_and_fill``)."""
 FILL_TIMING_S = 4e-3
 """A build slower than this (or than the mask-time limit, if lower) has the builds after it time
 each fill, for the mask-time limit and for :meth:`BaseGuidedDecoder.fill_times`; a build of fast
@@ -310,23 +318,33 @@ class BaseGuidedDecoder(RowFilling):
                     token = req.new_token
                     if token is None:
                         raise RequestError("is generating but carries no new_token")
-                    if not matcher.advance(token):  # a rejection fails the request anyway
+                    if eager and not timed:  # advance and fill the new token's row in one call
+                        status = matcher.advance_and_fill(token, bitmask, offset)
+                    elif matcher.advance(token):
+                        status = TERMINATED if matcher.is_terminated() else _ADVANCED
+                    else:
+                        status = REJECTED
+                    if status == REJECTED:  # a rejection fails the request anyway
                         if matcher.is_terminated():
                             continue  # accepted a stop token already: see _start_request
                         raise RequestError(f"sampled token {token} is rejected by its grammar")
                     advanced[slot] = 1
-                    if matcher.is_terminated():
+                    if status == TERMINATED:
                         continue
+                    filled = status == FILLED
                 else:
+                    filled = False
                     matcher = self._start_request(req, drafts)
                     if matcher is None:
                         continue
                 if not eager:
                     wave.append(RowFill(req, matcher, offset, drafts))
                 elif drafts:
-                    self._fill_request(req, matcher, offset, drafts)
+                    self._fill_request(req, matcher, offset, drafts, filled=filled)
                 else:  # one row: what _fill_request does, inline
-                    if timed:
+                    if filled:
+                        pass
+                    elif timed:
                         self._timed_fill(matcher, bitmask, offset, slot)
                     else:
                         matcher.fill_next_token_bitmask(bitmask, offset)

@@ -152,8 +152,8 @@ class GuidedDecoder(BaseGuidedDecoder):
         if draft_step == 0:
             if num_accepted_tokens is None:
                 raise ValueError("draft_step 0 needs num_accepted_tokens")
-            accepted = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")
-        tokens = _int_list(new_tokens, len(batch), "new_tokens")
+            accepted = _int_list(num_accepted_tokens, len(batch), "num_accepted_tokens")[:]
+        tokens = _int_list(new_tokens, len(batch), "new_tokens")[:]  # kept past the caller's step
         self._next_draft_step = _DraftStep(draft_step, tokens, accepted)
 
     def execute_draft_batch(
@@ -257,10 +257,18 @@ class GuidedDecoder(BaseGuidedDecoder):
 
 
 def _int_list(values: TokenCounts, length: int, name: str) -> list[int]:
+    """``values`` as a list of Python ints: a list of them is returned as it is (the common
+    case, with no copy), anything else converted."""
     items = values
     # isinstance against torch.Tensor costs as much as the rest: a list skips it.
     if type(values) is not list and isinstance(values, torch.Tensor):
         items = values.tolist()
     if len(items) != length:
         raise ValueError(f"{name} has {len(items)} entries; the batch has {length} requests")
+    if type(items) is list:
+        for value in items:
+            if type(value) is not int:
+                break
+        else:
+            return items
     return list(map(int, items))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from guidedec.errors import REQUEST_ERRORS, GuidedecError
-from guidedec.grammar.matcher import GrammarMatcher
+from guidedec.grammar.matcher import FILLED, REJECTED, TERMINATED, GrammarMatcher
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,25 +107,32 @@ class RowFilling:
         row: int,
         drafts: tuple[int, ...],
         start: int = 0,
+        *,
+        filled: bool = False,
     ) -> None:
-        """Fill one request's rows one after another from position ``start`` (row ``row``): the
-        new token's row is position 0, then one after each draft token. The same checks as
-        :meth:`_after_fill`, in one loop."""
+        """Fill one request's rows one after another from position ``start`` (row ``row``, which
+        ``filled`` says is filled already): the new token's row is position 0, then one after
+        each draft token. The same checks as :meth:`_after_fill`, in one loop."""
         slot, bitmask, mask = req.seq_slot, self.bitmask_host, self._token_mask_words
         row_is_valid = self._row_is_valid
-        allows, unchecked = row_is_valid.allows, matcher.unchecked_advance
-        fill = self._timed_fill if self._time_fills else None
+        # HostRowChecker.allows inline: one call less per draft row.
+        words, row_words, vocab = row_is_valid.flat, row_is_valid.row_words, row_is_valid.vocab_size
+        unchecked = matcher.unchecked_advance
+        timed = self._timed_fill if self._time_fills else None
+        if filled:
+            pass
+        elif timed is None:
+            matcher.fill_next_token_bitmask(bitmask, row)
+        else:
+            timed(matcher, bitmask, row, slot)
         guided = advanced = 0
         last = len(drafts)
         for position in range(start, last + 1):
-            if fill is None:
-                matcher.fill_next_token_bitmask(bitmask, row)
-            else:
-                fill(matcher, bitmask, row, slot)
-            # A row that allows the next draft token allows a token: no scan of the row. This
-            # is _accept_draft inline, one call less per draft row.
+            # A row that allows the next draft token allows a token: no scan of the row.
             token = drafts[position] if position < last else -1
-            allowed = token >= 0 and allows(row, token)
+            allowed = (
+                0 <= token < vocab and words[row * row_words + (token >> 5)] >> (token & 31) & 1
+            )
             if not (allowed or row_is_valid(row)):
                 if position > 0:
                     break
@@ -137,17 +144,28 @@ class RowFilling:
             guided += 1
             if position == last:
                 break
-            if not unchecked:
-                allowed = allowed and matcher.accept_token(token)
-            elif allowed and not matcher.advance(token):
-                raise RequestError(_ROW_DISAGREES.format(token))
-            if not allowed:
+            if not allowed:  # verification cannot accept the token: the row masks it out
+                self._num_verifiable_tokens[slot] = position + 1
+                break
+            # Advance by the draft token, then fill the row after it (_accept_draft inline).
+            row += 1
+            if timed is None:
+                status = matcher.advance_and_fill(token, bitmask, row)
+            elif not (matcher.advance(token) if unchecked else matcher.accept_token(token)):
+                status = REJECTED
+            elif matcher.is_terminated():
+                status = TERMINATED
+            else:
+                timed(matcher, bitmask, row, slot)
+                status = FILLED
+            if status == REJECTED:
+                if unchecked:
+                    raise RequestError(_ROW_DISAGREES.format(token))
                 self._num_verifiable_tokens[slot] = position + 1
                 break
             advanced += 1
-            if matcher.is_terminated():
+            if status == TERMINATED:
                 break
-            row += 1
         self.num_advanced_tokens[slot] += advanced
         self.num_guided_tokens[slot] += guided
         self.stats.rows_filled += self.num_guided_tokens[slot]

@@ -24,6 +24,8 @@ from guidedec.grammar.convert import (
 )
 from guidedec.grammar.isolation import return_freed_memory
 from guidedec.grammar.matcher import (
+    FILLED,
+    REJECTED,
     GrammarMatcher,
     GrammarMatcherFactory,
     check_rollback,
@@ -100,11 +102,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         if self._stop_accepted_here:
             self._stop_accepted_here = False
             num_tokens -= 1
-        if num_tokens > 0:
-            matcher = self._matcher
-            matcher.rollback(num_tokens)
-            if matcher.is_error():
-                self._check_error()
+        if num_tokens > 0 and not self._matcher.rollback(num_tokens):  # False: in error
+            self._check_error()
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         if self._terminated:
@@ -121,6 +120,27 @@ class LLGuidanceMatcher(GrammarMatcher):
         matcher.unsafe_compute_mask_ptr(base + index * self._row_bytes, self._row_bytes)
         if matcher.is_error():
             self._check_error()
+
+    def advance_and_fill(self, token_id: int, bitmask: torch.Tensor, index: int) -> int:
+        if (
+            self._terminated
+            or token_id in self._stop_token_ids
+            or bitmask is not self._checked_bitmask
+            or not 0 <= index < self._num_rows
+        ):
+            return super().advance_and_fill(token_id, bitmask, index)  # with every check
+        matcher = self._matcher
+        if not 0 <= token_id < self._vocab_size or not matcher.consume_token(token_id):
+            return REJECTED
+        self._num_accepted += 1
+        base = bitmask.data_ptr()
+        if base != self._checked_base:
+            self.fill_next_token_bitmask(bitmask, index)  # checks the moved buffer
+            return FILLED
+        matcher.unsafe_compute_mask_ptr(base + index * self._row_bytes, self._row_bytes)
+        if matcher.is_error():
+            self._check_error()
+        return FILLED
 
     def is_terminated(self) -> bool:
         return self._terminated

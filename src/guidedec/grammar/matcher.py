@@ -11,6 +11,10 @@ from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.params import GuidedDecodingParams
 
+REJECTED, TERMINATED, FILLED = 0, 1, 2
+"""What :meth:`GrammarMatcher.advance_and_fill` did: the token was rejected; it was accepted
+and terminated the matcher; it was accepted and the row filled."""
+
 
 class GrammarMatcher(ABC):
     """The incremental state of one request's grammar.
@@ -37,6 +41,23 @@ class GrammarMatcher(ABC):
     unchecked_advance = False
     """Whether :meth:`advance` skips checks that :meth:`accept_token` makes; the decoder then
     advances by a draft token with it once the row just filled shows the token is allowed."""
+
+    def advance_and_fill(self, token_id: int, bitmask: torch.Tensor, index: int) -> int:
+        """Advance by ``token_id`` and, unless that terminated the matcher, fill row ``index``
+        of ``bitmask``: the decoder's three calls per row in one.
+
+        The token goes through :meth:`advance` where :attr:`unchecked_advance` (the caller has
+        read it in the row before), else through :meth:`accept_token`. Returns
+        :data:`REJECTED` (nothing filled; after ``advance`` the matcher may be unusable),
+        :data:`TERMINATED` (accepted, nothing filled) or :data:`FILLED`. A backend overrides
+        this with its native calls, without the Python calls in between.
+        """
+        if not (self.advance(token_id) if self.unchecked_advance else self.accept_token(token_id)):
+            return REJECTED
+        if self.is_terminated():
+            return TERMINATED
+        self.fill_next_token_bitmask(bitmask, index)
+        return FILLED
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:

@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import xgrammar as xgr
@@ -29,6 +30,9 @@ from guidedec.grammar.convert import (
 from guidedec.grammar.disk_cache import DiskCompileCache
 from guidedec.grammar.isolation import return_freed_memory
 from guidedec.grammar.matcher import (
+    FILLED,
+    REJECTED,
+    TERMINATED,
     GrammarMatcher,
     GrammarMatcherFactory,
     check_rollback,
@@ -60,6 +64,9 @@ class XGrammarMatcher(GrammarMatcher):
         encode: Callable[[str], list[int]] | None = None,
     ) -> None:
         self._matcher = matcher
+        # The native methods under xgrammar's Python ones (each of which is one call to its
+        # handle): the hot loop saves a Python frame per token and per row.
+        self._native = _native_calls(matcher)
         self._stop_token_ids = stop_token_ids
         self._encode = encode  # the tokenizer, for forced_tokens
         self._num_accepted = 0
@@ -69,7 +76,7 @@ class XGrammarMatcher(GrammarMatcher):
     def accept_token(self, token_id: int) -> bool:
         if self._terminated:
             return False  # xgrammar would log a warning for every such call
-        if not self._matcher.accept_token(token_id):
+        if not self._native.accept_token(token_id, False):
             return False
         self._num_accepted += 1
         # Only a stop token terminates an xgrammar matcher.
@@ -84,7 +91,7 @@ class XGrammarMatcher(GrammarMatcher):
         if not 0 <= num_tokens <= self._num_accepted:
             check_rollback(num_tokens, self._num_accepted)
         if num_tokens > 0:
-            self._matcher.rollback(num_tokens)
+            self._native.rollback(num_tokens)
             self._num_accepted -= num_tokens
             self._terminated = False
 
@@ -100,7 +107,20 @@ class XGrammarMatcher(GrammarMatcher):
                     f"{bitmask.is_contiguous()})"
                 )
             self._checked_bitmask = bitmask
-        self._matcher.fill_next_token_bitmask(bitmask, index)
+        self._native.fill_next_token_bitmask(bitmask, index, False)
+
+    def advance_and_fill(self, token_id: int, bitmask: torch.Tensor, index: int) -> int:
+        if self._terminated or bitmask is not self._checked_bitmask:
+            return super().advance_and_fill(token_id, bitmask, index)  # with every check
+        native = self._native
+        if not native.accept_token(token_id, False):
+            return REJECTED
+        self._num_accepted += 1
+        if token_id in self._stop_token_ids and self._matcher.is_terminated():
+            self._terminated = True
+            return TERMINATED
+        native.fill_next_token_bitmask(bitmask, index, False)
+        return FILLED
 
     def is_terminated(self) -> bool:
         return self._terminated
@@ -149,6 +169,37 @@ class XGrammarMatcher(GrammarMatcher):
         except (RuntimeError, ValueError, TypeError):
             return fill_one_by_one(matchers, bitmask, rows)
         return [None] * len(matchers)
+
+
+class _PublicCalls:
+    """The native calls' shapes over xgrammar's public methods, for a matcher without the
+    handle that its Python methods call through."""
+
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int, debug_print: bool) -> bool:
+        return self._matcher.accept_token(token_id, debug_print=debug_print)
+
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int, debug_print: bool) -> bool:
+        return self._matcher.fill_next_token_bitmask(bitmask, index, debug_print=debug_print)
+
+
+_NATIVE_METHODS = ("accept_token", "rollback", "fill_next_token_bitmask")
+
+
+def _native_calls(matcher: xgr.GrammarMatcher) -> Any:
+    """``matcher``'s native handle where its Python methods are plain calls of it (xgrammar
+    0.2.x), else :class:`_PublicCalls`: the same calls through the public methods."""
+    handle = getattr(matcher, "_handle", None)
+    if type(matcher) is xgr.GrammarMatcher and all(
+        callable(getattr(handle, name, None)) for name in _NATIVE_METHODS
+    ):
+        return handle
+    return _PublicCalls(matcher)
 
 
 @functools.cache

@@ -347,6 +347,40 @@ def test_cpu_plan_ignores_padding_bits_when_counting_allowed_tokens() -> None:
         assert not (plan.patch | plan.restore | plan.dense).any()
 
 
+@FAST
+@given(
+    words=st.integers(1, 9).flatmap(
+        lambda width: st.lists(
+            st.lists(
+                st.sampled_from([0, -1]) | st.integers(-(2**31), 2**31 - 1),
+                min_size=width,
+                max_size=width,
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    ),
+    data=st.data(),
+)
+def test_allowed_bit_counts_are_the_set_bits_below_the_columns(
+    words: list[list[int]], data: st.DataObject
+) -> None:
+    """Every way of counting (word pairs, single words, without numpy's ``bitwise_count``, a
+    column slice of a wider buffer) gives the set bits below ``num_columns``, per row."""
+    from guidedec.bitmask.kernels import common
+
+    array = np.array(words, dtype=np.int32)
+    num_columns = data.draw(st.integers(32 * array.shape[1] - 31, 32 * array.shape[1]))
+    expected = [sum(1 for t in range(num_columns) if row[t >> 5] >> (t & 31) & 1) for row in words]
+    wide = np.zeros((array.shape[0], 2 * array.shape[1]), dtype=np.int32)
+    wide[:, ::2] = array
+    for view in (array, wide[:, ::2]):
+        assert common.count_allowed_bits(view, num_columns).tolist() == expected
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delattr(np, "bitwise_count", raising=False)
+        assert common.count_allowed_bits(array, num_columns).tolist() == expected
+
+
 def test_cpu_kernel_without_numpy_bitwise_count_matches_reference(
     monkeypatch: pytest.MonkeyPatch, generator: torch.Generator
 ) -> None:

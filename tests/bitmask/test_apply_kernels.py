@@ -301,19 +301,26 @@ def test_cpu_kernel_plans_work_on_the_minority_side_of_bimodal_rows(
     plan = _cpu.plan_rows(words, vocab, active)
     assert plan.restore.tolist() == [True, True, False, False, False, False]
     assert plan.patch.tolist() == [False, False, False, True, False, False]
-    assert plan.dense.tolist() == [False, False, True, False, False, False]
+    assert plan.blend.tolist() == [False, False, True, False, False, False]
+    # 90% allowed: blended where a patch is numpy's (up to 1/32 forbidden), patched where it
+    # is xgrammar's kernel (up to 1/8)
+    words = random_bitmask(1, vocab, density=0.9, generator=generator).numpy()
+    one = np.array([True])
+    assert _cpu.plan_rows(words, vocab, one).blend.tolist() == [True]
+    assert _cpu.plan_rows(words, vocab, one, patch_divisor=8).patch.tolist() == [True]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("strided", [False, True])
-def test_cpu_kernel_sends_patch_and_dense_rows_to_xgrammar_where_it_can(
+def test_cpu_kernel_sends_patch_rows_to_xgrammar_where_it_can(
     dtype: torch.dtype, strided: bool, monkeypatch: pytest.MonkeyPatch, generator: torch.Generator
 ) -> None:
-    """Patch and dense rows of float32/16 and bfloat16 logits with contiguous columns go to
-    xgrammar's kernel, by row index; restore rows, float64 and strided columns stay with
-    guidedec's own paths. Either way the result is the reference's, bit for bit."""
+    """Patch rows (up to 1/8 of the columns forbidden) of float32/16 and bfloat16 logits with
+    contiguous columns go to xgrammar's kernel, by row index; restore and blend rows, float64
+    and strided columns stay with guidedec's own paths. Either way the result is the
+    reference's, bit for bit."""
     vocab = 129280
-    densities = [0.0, 0.005, 0.5, 0.99, 1.0, 0.5]
+    densities = [0.0, 0.005, 0.5, 0.99, 1.0, 0.9, 0.05]
     bitmask = torch.cat(
         [random_bitmask(1, vocab, density=d, generator=generator) for d in densities]
     )
@@ -336,7 +343,7 @@ def test_cpu_kernel_sends_patch_and_dense_rows_to_xgrammar_where_it_can(
         actual = applied(logits, bitmask, "cpu")
     assert_bit_identical(actual, expected)
     native = dtype != torch.float64 and not strided
-    assert native_rows == ([[2, 3, 5]] if native else [])
+    assert native_rows == ([[3, 5]] if native else [])
 
 
 def test_cpu_plan_ignores_padding_bits_when_counting_allowed_tokens() -> None:
@@ -344,7 +351,7 @@ def test_cpu_plan_ignores_padding_bits_when_counting_allowed_tokens() -> None:
     padded = bool_mask_to_bitmask(torch.ones(1, 33, dtype=torch.bool), padding_allowed=True)
     for words in (row, padded):
         plan = _cpu.plan_rows(words.numpy(), 33, np.array([True]))
-        assert not (plan.patch | plan.restore | plan.dense).any()
+        assert not (plan.patch | plan.restore | plan.blend).any()
 
 
 @FAST

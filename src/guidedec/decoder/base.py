@@ -342,11 +342,9 @@ class BaseGuidedDecoder(RowFilling):
                 elif drafts:
                     self._fill_request(req, matcher, offset, drafts, filled=filled)
                 else:  # one row: what _fill_request does, inline
-                    if filled:
-                        pass
-                    elif timed:
+                    if timed:
                         self._timed_fill(matcher, bitmask, offset, slot)
-                    else:
+                    elif not filled:  # else advance_and_fill has filled it
                         matcher.fill_next_token_bitmask(bitmask, offset)
                     if row_is_valid(offset):
                         token_mask[offset] = 1

@@ -119,12 +119,10 @@ class RowFilling:
         words, row_words, vocab = row_is_valid.flat, row_is_valid.row_words, row_is_valid.vocab_size
         unchecked = matcher.unchecked_advance
         timed = self._timed_fill if self._time_fills else None
-        if filled:
-            pass
-        elif timed is None:
-            matcher.fill_next_token_bitmask(bitmask, row)
-        else:
+        if timed is not None:  # a timed build never fills ahead (advance_and_fill)
             timed(matcher, bitmask, row, slot)
+        elif not filled:
+            matcher.fill_next_token_bitmask(bitmask, row)
         guided = advanced = 0
         last = len(drafts)
         for position in range(start, last + 1):

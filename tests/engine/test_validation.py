@@ -30,6 +30,35 @@ def test_problems_name_the_keyword_and_the_path() -> None:
     assert check.problem(unreadable, "1") is None  # no validator: nothing to judge by
 
 
+def test_a_schema_that_breaks_its_metaschema_judges_nothing() -> None:
+    """``"required": "name"`` is not a list: jsonschema would report the missing property
+    ``n`` (it iterates the string). Such a schema cannot judge an output."""
+    check = OutputValidator()
+    broken = GuidedDecodingParams(json_schema={"type": "object", "required": "name"})
+    assert check.problem(broken, "{}") is None
+    assert list(check.errors(broken, {})) == []
+
+
+def test_the_metaschema_is_checked_once_and_only_when_an_error_turns_up(monkeypatch) -> None:
+    from jsonschema import Draft202012Validator
+
+    calls = []
+    real = Draft202012Validator.check_schema
+    monkeypatch.setattr(
+        Draft202012Validator,
+        "check_schema",
+        classmethod(lambda cls, schema, **kw: calls.append(schema) or real(schema, **kw)),
+    )
+    check = OutputValidator()
+    params = GuidedDecodingParams(json_schema=SCHEMA)
+    for n in range(5):
+        assert check.problem(params, f'{{"n": {n}}}') is None
+    assert calls == []  # valid outputs: no metaschema check
+    assert "'maximum'" in (check.problem(params, '{"n": 9}') or "")
+    assert "'maximum'" in (check.problem(params, '{"n": 8}') or "")
+    assert calls == [SCHEMA]
+
+
 def test_an_approximated_schema_never_ends_stop_with_an_invalid_output() -> None:
     """``not`` is refused by llguidance and dropped by xgrammar, so ``auto`` guides with the
     approximation: outputs that break the ``not`` end ``grammar_error`` naming it."""

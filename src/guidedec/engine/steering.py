@@ -105,16 +105,13 @@ class ValueSteering:
         prefix = scan_prefix(text)
         if prefix.closed is None:
             return None
-        validator = self.validator.validator_for(params)
-        if validator is None:
-            return None
         try:
             instance = json.loads(prefix.closed)
-            for error in validator.iter_errors(instance):
-                if _settled(error, prefix.open_path):
-                    return describe_error(error)
-        except Exception:  # an unresolvable $ref, a pattern Python cannot read: cannot judge
+        except (ValueError, RecursionError):
             return None
+        for error in self.validator.errors(params, instance):
+            if _settled(error, prefix.open_path):
+                return describe_error(error)
         return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
@@ -24,7 +25,7 @@ class OutputValidator:
     """Checks complete outputs of JSON guides; keeps a validator per schema."""
 
     def __init__(self) -> None:
-        self._validators: OrderedDict[object, Any] = OrderedDict()
+        self._validators: OrderedDict[object, _Validator | None] = OrderedDict()
 
     def problem(self, params: GuidedDecodingParams, text: str) -> str | None:
         """Why ``text``, a complete output of ``params``, breaks its guide; None when it does
@@ -39,26 +40,58 @@ class OutputValidator:
             return f"the output is not JSON ({exc})"
         if kind is GuideType.JSON_OBJECT:
             return None if isinstance(value, dict) else "the output is not a JSON object"
-        validator = self.validator_for(params)
-        if validator is None:
-            return None
-        try:
-            error = next(iter(validator.iter_errors(value)), None)
-        except Exception:  # an unresolvable $ref, a pattern Python cannot read: cannot judge
-            return None
+        error = next(self.errors(params, value), None)
         return None if error is None else describe_error(error)
 
-    def validator_for(self, params: GuidedDecodingParams) -> Any:
-        """The ``jsonschema`` validator of a JSON-schema guide (None if it cannot judge)."""
+    def errors(self, params: GuidedDecodingParams, instance: Any) -> Iterator[Any]:
+        """The ``jsonschema`` errors of ``instance`` under a JSON-schema guide, lazily; none
+        where ``jsonschema`` cannot judge: an unresolvable ``$ref``, a pattern Python cannot
+        read, a schema that breaks its metaschema (``{"required": "name"}`` would report a
+        missing ``n``). The metaschema check runs once per schema, and only when an error turns
+        up: it costs more than validating most outputs (about 0.9 ms against 30 us)."""
+        entry = self._entry(params)
+        if entry is None:
+            return
+        try:
+            for error in entry.validator.iter_errors(instance):
+                if not entry.readable():
+                    return
+                yield error
+        except Exception:  # an unresolvable $ref, a pattern Python cannot read: cannot judge
+            return
+
+    def _entry(self, params: GuidedDecodingParams) -> _Validator | None:
+        """The compiled validator of a JSON-schema guide (None if ``jsonschema`` cannot read
+        the schema's draft)."""
         key = (params.guide_type, params.guide)  # cheap; equal schemas spelt apart: two entries
         if key in self._validators:
             self._validators.move_to_end(key)
             return self._validators[key]
-        validator = _compile(params)
-        self._validators[key] = validator
+        entry = _compile(params)
+        self._validators[key] = entry
         if len(self._validators) > VALIDATORS_KEPT:
             self._validators.popitem(last=False)
-        return validator
+        return entry
+
+
+class _Validator:
+    """A schema's validator, and whether the schema itself is valid (checked at first need)."""
+
+    __slots__ = ("_readable", "validator")
+
+    def __init__(self, validator: Any) -> None:
+        self.validator = validator
+        self._readable: bool | None = None
+
+    def readable(self) -> bool:
+        """Whether the schema passes its metaschema (checked once)."""
+        if self._readable is None:
+            try:
+                self.validator.check_schema(self.validator.schema)
+                self._readable = True
+            except Exception:  # not a schema jsonschema can read: nothing to check against
+                self._readable = False
+        return self._readable
 
 
 def describe_error(error: Any) -> str:
@@ -81,11 +114,9 @@ def schema_validator(schema: Any) -> Any:
     return cls(schema)
 
 
-def _compile(params: GuidedDecodingParams) -> Any:
+def _compile(params: GuidedDecodingParams) -> _Validator | None:
     guide = params.guide
     try:
-        validator = schema_validator(json.loads(guide) if isinstance(guide, str) else guide)
-        validator.check_schema(validator.schema)
-        return validator
+        return _Validator(schema_validator(json.loads(guide) if isinstance(guide, str) else guide))
     except Exception:  # not a schema jsonschema can read: nothing to check against
         return None

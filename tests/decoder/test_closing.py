@@ -22,7 +22,12 @@ from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, guide_words
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedMatcher
+from guidedec.grammar.matcher import (
+    GrammarMatcher,
+    GrammarMatcherFactory,
+    WrappedFactory,
+    WrappedMatcher,
+)
 from guidedec.testing import SlowMasks
 from guidedec.tokenizer import TokenizerInfo
 
@@ -356,3 +361,57 @@ def test_a_guide_s_recent_witnesses_are_replayed_before_a_search(
     assert closer.stats.searches == 1 and closer.stats.recent_hits == 1
     assert closer.admits(2, at('{"name": "x", "age": 1'), params, tokenizer.encode("2")[0], 40)
     assert closer.stats.searches == 2
+
+
+class _CountingFactory(WrappedFactory):
+    def create(self, params: GuidedDecodingParams) -> GrammarMatcher:
+        return _CountingFills(self.inner.create(params))
+
+
+class _CountingFills(WrappedMatcher):
+    fills = 0
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        type(self).fills += 1
+        self.inner.fill_next_token_bitmask(bitmask, index)
+
+    def advance_and_fill(self, token: int, bitmask: torch.Tensor, index: int) -> int:
+        type(self).fills += 1
+        return self.inner.advance_and_fill(token, bitmask, index)
+
+
+@pytest.mark.parametrize("fill_mode", ["sequential", "parallel"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_forced_row_is_written_without_a_fill_and_changes_no_output(
+    backend: str, fill_mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that closing forces to its witness's next token (the output took the witness's
+    token before) is written as that one token, with no mask fill: the same outputs as filling
+    it and then forcing it, one fill fewer per such row."""
+    from guidedec.grammar.factory import create_grammar_matcher_factory
+    from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
+
+    guides = [GuidedDecodingParams(json_schema=schema) for schema in SCHEMAS]
+    guides += [params for params, _ in OTHER_GUIDES]
+
+    def run() -> tuple[list[object], int, int]:
+        decoder = make_decoder(backend=backend, max_num_sequences=8, fill_mode=fill_mode)  # type: ignore[arg-type]
+        inner = create_grammar_matcher_factory(decoder.config)
+        decoder.factory = _CountingFactory(inner)
+        _CountingFills.fills = 0
+        outputs = []
+        for i, guide in enumerate(guides):
+            outputs += uniform_guided_generate(
+                decoder, [guide] * 8, seed=i, max_tokens=24, checks=EngineChecks()
+            )
+        return outputs, decoder.closer.stats.forced_rows, _CountingFills.fills
+
+    skipped, forced, fills = run()
+    assert forced > 50
+    monkeypatch.setattr(BudgetCloser, "forced_next", lambda self, req: None)
+    filled, forced_filling, fills_filling = run()
+    assert skipped == filled
+    assert forced == forced_filling
+    # A forced row skips its fill unless close had to find the witness after the fill (a
+    # token sampled unchecked, drafts verified).
+    assert fills_filling - forced <= fills < fills_filling

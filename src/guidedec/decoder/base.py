@@ -23,6 +23,7 @@ from guidedec.bitmask import (
     apply_bitmask_sharded,
     sparse_allowed_tokens,
 )
+from guidedec.bitmask.layout import token_word
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
@@ -158,6 +159,7 @@ class BaseGuidedDecoder(RowFilling):
         # The host loop reads and writes through numpy views: torch indexing costs microseconds
         # per call, which is as much as a backend's mask fill.
         self._row_is_valid = HostRowChecker(self.bitmask_host, self.vocab_size)
+        self._bitmask_words = self.bitmask_host.numpy()
         self._token_mask_np = self.token_mask_host.numpy()
         self._token_mask_words = self._token_mask_np.data
         self._token_mask_zeros = memoryview(bytes(self._token_mask_words.nbytes)).cast("i")
@@ -305,8 +307,7 @@ class BaseGuidedDecoder(RowFilling):
             slot, offset = req.seq_slot, offsets[i]
             advanced[slot] = guided[slot] = 0
             drafts = req.draft_tokens[:draft_len] if draft_len and not req.is_draft else ()
-            if req.tokens_left is not None and not drafts and not req.is_draft:
-                closing.append((req, offset))
+            closes = req.tokens_left is not None and not drafts and not req.is_draft
             try:
                 if req.is_generation_in_progress_state and not (
                     req.is_draft or req.is_generation_only_first_iteration
@@ -318,7 +319,9 @@ class BaseGuidedDecoder(RowFilling):
                     token = req.new_token
                     if token is None:
                         raise RequestError("is generating but carries no new_token")
-                    if eager and not timed:  # advance and fill the new token's row in one call
+                    # A row that closing forces to its witness's next token needs no fill.
+                    forced = self.closer.forced_next(req) if closes else None
+                    if eager and not timed and forced is None:  # advance and fill in one call
                         status = matcher.advance_and_fill(token, bitmask, offset)
                     elif matcher.advance(token):
                         status = TERMINATED if matcher.is_terminated() else _ADVANCED
@@ -331,12 +334,19 @@ class BaseGuidedDecoder(RowFilling):
                     advanced[slot] = 1
                     if status == TERMINATED:
                         continue
+                    if forced is not None:
+                        self._force_row(offset, forced)
+                        guided[slot] = 1
+                        rows_filled += 1
+                        continue
                     filled = status == FILLED
                 else:
                     filled = False
                     matcher = self._start_request(req, drafts)
                     if matcher is None:
                         continue
+                if closes:
+                    closing.append((req, offset))
                 if not eager:
                     wave.append(RowFill(req, matcher, offset, drafts))
                 elif drafts:
@@ -377,9 +387,16 @@ class BaseGuidedDecoder(RowFilling):
         times = {req.request_id: fill_s[req.seq_slot] for req in batch.requests}
         return {request_id: took for request_id, took in times.items() if took > 0}
 
+    def _force_row(self, row: int, token: int) -> None:
+        """Write a row that allows ``token`` only (closing's witness: the grammar accepts it)."""
+        words = self._bitmask_words[row]
+        words[:] = 0
+        words[token >> 5] = token_word(token)
+        self._token_mask_words[row] = 1
+
     def _close(self, requests: list[tuple[GuidedRequest, int]]) -> None:
         """Budget-aware closing of the filled one-row requests that carry ``tokens_left``."""
-        words = self.bitmask_host.numpy()
+        words = self._bitmask_words
         for req, row in requests:
             matcher = self.grammar_matchers[req.seq_slot]
             if matcher is None or not self._token_mask_np[row] or matcher.is_terminated():

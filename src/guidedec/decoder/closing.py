@@ -184,17 +184,39 @@ class BudgetCloser:
             self.stats.forced_rows += 1
         # else the model is free; a different token than witness[0] means a new search
 
-    def _bound_digits(self, req: GuidedRequest, state: _SlotState, words: npt.NDArray[Any]) -> None:
-        """Under a JSON guide, forbid all-digit tokens once the output ends with
-        ``MAX_DIGIT_RUN`` digits, where the row allows something else: a number that long has
-        no meaning (float64 keeps 17 significant digits, int64 19), and a weak model otherwise
-        writes digits until its budget runs out."""
+    def forced_next(self, req: GuidedRequest) -> int | None:
+        """The one token the request's coming row will allow, when that is known before the
+        row is filled: the output took the witness's next token (or the token :meth:`admits`
+        checked), and the rest of the witness leaves no room, so :meth:`close` would overwrite
+        the filled row with that rest's first token. The slot moves on as :meth:`close` would;
+        the caller advances the matcher by ``new_token``, writes the one-token row instead of
+        filling it, and does not call :meth:`close` for it. None: fill, then :meth:`close`."""
+        state = self._slots[req.seq_slot]
+        token, left = req.new_token, req.tokens_left
+        if state.moved or token is None or left is None:
+            return None
+        after, witness = state.after, state.witness
+        if after is not None and after[0] == token:
+            rest = after[1]
+        elif witness and len(witness) > 1 and token == witness[0]:
+            rest = witness[1:]
+        else:
+            return None
+        if not rest or len(rest) <= left - MARGIN:
+            return None
+        self._count_digits(req, state)  # a one-token row: nothing to cut
+        state.after, state.witness = None, rest
+        self.stats.forced_rows += 1
+        return rest[0]
+
+    def _count_digits(self, req: GuidedRequest, state: _SlotState) -> DigitTokens | None:
+        """Count the ASCII digits the output ends with (under a JSON guide: else None)."""
         params = req.guided_decoding_params
         if params is None or params.guide_type not in (
             GuideType.JSON_SCHEMA,
             GuideType.JSON_OBJECT,
         ):
-            return
+            return None
         digits = self._digits
         if digits is None:
             digits = self._digits = DigitTokens.of(self.tokenizer)
@@ -202,7 +224,15 @@ class BudgetCloser:
         if token is not None and 0 <= token < digits.lengths.shape[0]:
             length = int(digits.lengths[token])
             state.digit_run = state.digit_run + length if length else 0
-        if state.digit_run < MAX_DIGIT_RUN:
+        return digits
+
+    def _bound_digits(self, req: GuidedRequest, state: _SlotState, words: npt.NDArray[Any]) -> None:
+        """Under a JSON guide, forbid all-digit tokens once the output ends with
+        ``MAX_DIGIT_RUN`` digits, where the row allows something else: a number that long has
+        no meaning (float64 keeps 17 significant digits, int64 19), and a weak model otherwise
+        writes digits until its budget runs out."""
+        digits = self._count_digits(req, state)
+        if digits is None or state.digit_run < MAX_DIGIT_RUN:
             return
         kept = words & ~digits.words
         if (kept & digits.real_words).any():

@@ -21,7 +21,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import BudgetCloser
-from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, guide_words
+from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, completes, guide_words
 from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,
@@ -415,3 +415,43 @@ def test_a_forced_row_is_written_without_a_fill_and_changes_no_output(
     # A forced row skips its fill unless close had to find the witness after the fill (a
     # token sampled unchecked, drafts verified).
     assert fills_filling - forced <= fills < fills_filling
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("written", ["na", "{\n"])
+def test_the_witness_s_text_in_another_split_is_encoded_again_not_searched(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    backend: str,
+    written: str,
+) -> None:
+    """The model writes the start of the witness's text in tokens of its own (``na`` where the
+    witness has ``name``), or whitespace after its structural character: the rest of the
+    witness's text, encoded again, completes the new state, found without a search."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    params = GuidedDecodingParams(json_schema=schema)
+    factory = make_factory(backend)
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    matcher = factory.create(params)
+    prefix = "" if written.startswith("{") else '{"'
+    assert all(matcher.accept_token(t) for t in tokenizer.encode(prefix))
+    # The slot's witness for the state at ``prefix``: found by a search.
+    (token,) = tokenizer.encode(written)
+    witness = closer._find(params, matcher, 40)
+    assert witness is not None
+    closer._slots[0].witness = witness
+    text = tokenizer.decode(witness[:-1])
+    assert text.startswith(written.rstrip()) and tokenizer.encode(text)[0] != token
+    searches = closer.stats.searches
+    assert closer.admits(0, matcher, params, token, 40)
+    assert closer.stats.searches == searches and closer.stats.respelled == 1
+    assert closer.stats.recent_hits == 0
+    found = closer._slots[0].after
+    assert found is not None and found[0] == token
+    assert matcher.accept_token(token)
+    assert completes(matcher, found[1])  # the respelled witness completes the new state

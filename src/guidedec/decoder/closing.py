@@ -78,6 +78,7 @@ class ClosingStats:
     resampled: int = 0
     digit_runs_cut: int = 0
     recent_hits: int = 0
+    respelled: int = 0  # witnesses found by encoding the previous one's text again
     searches_given_up: int = 0  # a guide's masks were too slow to search (SLOW_SEARCH_S)
 
 
@@ -148,6 +149,8 @@ class BudgetCloser:
             witness = witness[1:]  # the output followed the witness: still valid
         else:
             witness = _replayed(matcher, state.witness, left)
+            if witness is None and req.new_token is not None:
+                witness = self._respelled(matcher, state.witness, req.new_token, left)
         if witness is None:
             if left > state.next_search:
                 state.witness = None
@@ -292,6 +295,8 @@ class BudgetCloser:
                 return True
             found = _replayed(matcher, witness, tokens_left - 1)
             if found is None:
+                found = self._respelled(matcher, witness, token, tokens_left - 1)
+            if found is None:
                 found = self._find(params, matcher, tokens_left - 1)
         finally:
             matcher.rollback(1)
@@ -305,6 +310,48 @@ class BudgetCloser:
         """The witness's next token for the slot's current state, if one is known."""
         state = self._slots[slot]
         return state.witness[0] if state.witness and not state.moved else None
+
+    def _respelled(
+        self, matcher: GrammarMatcher, witness: list[int] | None, token: int, limit: int
+    ) -> list[int] | None:
+        """The previous witness's text after what ``token`` (just accepted) wrote of it, encoded
+        again, when it completes the matcher's state within ``limit`` tokens (left as it was).
+        The model often writes the witness's text in another split into tokens (``da`` where
+        the witness had ``data``), or whitespace after one of its structural characters (``{``
+        and a newline where it had ``{"``): a replay of the witness's tokens misses both, and
+        a search costs twenty times as much as this."""
+        if not witness or len(witness) < 2:
+            return None
+        texts = self.vocab().texts
+        try:
+            written = texts[token]
+            text = "".join([texts[t] for t in witness[:-1]])
+        except IndexError:  # a token past the tokenizer's own (padding): no text
+            return None
+        if "\ufffd" in written or "\ufffd" in text:
+            return None  # a piece of a character: the texts do not line up
+        solid = written.rstrip()
+        if text.startswith(written):
+            rest = text[len(written) :]
+        elif solid and text.startswith(solid):
+            rest = text[len(solid) :]
+        else:
+            return None
+        candidate = [*self._encode(rest), witness[-1]] if rest else witness[-1:]
+        if len(candidate) <= limit and completes(matcher, candidate):
+            self.stats.respelled += 1
+            return candidate
+        return None
+
+    def _encode(self, text: str) -> list[int]:
+        """``tokenizer.encode``, through the fast tokenizer's own object where there is one
+        (half the time of the ``transformers`` wrapper); its tokens are checked by the matcher
+        before use anyway."""
+        backend = getattr(self.tokenizer.hf_tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer.encode(text)
+        ids: list[int] = backend.encode(text, add_special_tokens=False).ids
+        return ids
 
     def _find(
         self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int

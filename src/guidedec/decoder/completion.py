@@ -220,6 +220,7 @@ class ClosingVocab:
     singles: npt.NDArray[np.int64]  # one-character tokens in the probe's order
     num_singles_first: int  # those tried before the guide's words
     closer_of: dict[int, int]  # opener token -> its closer (the probe tries it right after)
+    texts: tuple[str, ...]  # per token id below the tokenizer's length: its text alone
 
     def with_words(self, words: Sequence[int]) -> npt.NDArray[np.int64]:
         """The order with ``words`` moved right after the closers."""
@@ -265,6 +266,7 @@ class ClosingVocab:
             singles,
             first,
             pairs,
+            tuple(texts),
         )
 
 

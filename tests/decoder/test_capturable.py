@@ -6,6 +6,7 @@ outputs as the plain decoder (speculative decoding included). GPU tests capture 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,6 @@ GUIDES = [JSON, REGEX, None]
 
 
 def make(
-    cls: type[GuidedDecoder],
     tokenizer: TokenizerInfo,
     factory: GrammarMatcherFactory,
     backend: str,
@@ -58,13 +58,18 @@ def make(
         tokenizer=tokenizer,
         json_whitespace="compact",
     )
-    return cls(
+    return GuidedDecoder(
         config=config,
         factory=factory,
         max_num_sequences=len(GUIDES),
         max_num_draft_tokens=drafts,
         device=device,
     )
+
+
+def make_capturable(*args: Any, **kwargs: Any) -> CapturableGuidedDecoder:
+    """A capturable decoder wrapping ``make(*args, **kwargs)``."""
+    return CapturableGuidedDecoder(make(*args, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,7 @@ def context_batch() -> list[GuidedRequest]:
 
 
 def test_execute_runs_the_protocol_in_order(tokenizer, compact) -> None:
-    decoder = make(CapturableGuidedDecoder, tokenizer, compact("xgrammar"), "xgrammar")
+    decoder = make_capturable(tokenizer, compact("xgrammar"), "xgrammar")
     decoder.sync.trace = []
     decoder.add_batch(context_batch())
     decoder.execute(torch.zeros(len(GUIDES), tokenizer.vocab_size))
@@ -104,7 +109,7 @@ def test_execute_runs_the_protocol_in_order(tokenizer, compact) -> None:
 
 
 def test_plain_decoder_orders_copy_and_apply_by_the_two_events(tokenizer, compact) -> None:
-    decoder = make(GuidedDecoder, tokenizer, compact("xgrammar"), "xgrammar")
+    decoder = make(tokenizer, compact("xgrammar"), "xgrammar")
     decoder.sync.trace = []
     decoder.add_batch(context_batch())
     decoder.execute(torch.zeros(len(GUIDES), tokenizer.vocab_size))
@@ -119,16 +124,15 @@ def test_plain_decoder_orders_copy_and_apply_by_the_two_events(tokenizer, compac
     ]
 
 
-def test_set_batch_is_for_an_eager_step_and_never_queues(tokenizer, compact) -> None:
-    decoder = make(CapturableGuidedDecoder, tokenizer, compact("xgrammar"), "xgrammar")
-    assert isinstance(decoder, CapturableGuidedDecoder)
+def test_an_eager_step_goes_to_the_wrapped_decoder_and_never_queues(tokenizer, compact) -> None:
+    decoder = make_capturable(tokenizer, compact("xgrammar"), "xgrammar")
     batch = context_batch()
-    decoder.set_batch(batch)
-    assert decoder.requests is not None and decoder.requests.requests == batch
+    decoder.decoder.add_batch(batch)
+    assert decoder.decoder.requests is not None and decoder.decoder.requests.requests == batch
     assert not decoder.queue  # a later replay's fetch finds nothing of it
-    assert decoder.build() == []  # built here, as a GuidedDecoder builds
+    assert decoder.decoder.build() == []  # built here, as a GuidedDecoder builds
     fresh = next_token_mask(compact("xgrammar").create(JSON), tokenizer.vocab_size)
-    assert torch.equal(decoder.bitmask_host[0], fresh)
+    assert torch.equal(decoder.decoder.bitmask_host[0], fresh)
     decoder.add_batch(batch)  # the captured step's snapshot: queued
     assert len(decoder.queue) == 1
 
@@ -138,20 +142,19 @@ def test_warm_up_replays_find_the_queue_empty_and_change_nothing(
     backend, tokenizer, compact
 ) -> None:
     factory = compact(backend)
-    decoder = make(CapturableGuidedDecoder, tokenizer, factory, backend)
-    assert isinstance(decoder, CapturableGuidedDecoder)
+    decoder = make_capturable(tokenizer, factory, backend)
     decoder.fetch_batch.run_now(decoder)  # a replay before any add_batch: nothing to take
-    assert decoder.requests_hostfunc is None
+    assert decoder.decoder.requests is None
     batch = context_batch()
     decoder.add_batch(batch)
     for _ in range(3):  # warm-up runs the captured step several times for one add_batch
         decoder.fetch_batch.run_now(decoder)
-    assert decoder.requests_hostfunc is not None
-    assert decoder.requests_hostfunc.requests == batch and not decoder.queue
+    assert decoder.decoder.requests is not None
+    assert decoder.decoder.requests.requests == batch and not decoder.queue
     decoder.build_hostfunc.run_now(decoder)
     # One build, from the prompt state: row 0 is a fresh matcher's mask.
     fresh = next_token_mask(factory.create(JSON), tokenizer.vocab_size)
-    assert torch.equal(decoder.bitmask_host[0], fresh)
+    assert torch.equal(decoder.decoder.bitmask_host[0], fresh)
     assert decoder.pop_failures() == [] and decoder.pop_failures() == []
 
 
@@ -162,8 +165,7 @@ def test_warm_up_replays_of_a_whole_step_build_each_snapshot_once(
     """A warm-up replays fetch + build several times for one add_batch: the generation step's
     token must be fed to the matcher once, not once per replay."""
     factory = compact(backend)
-    decoder = make(CapturableGuidedDecoder, tokenizer, factory, backend)
-    assert isinstance(decoder, CapturableGuidedDecoder)
+    decoder = make_capturable(tokenizer, factory, backend)
     decoder.build_hostfunc.run_now(decoder)  # before any batch: nothing to build, no error
     decoder.drain_after_replay()
     assert decoder.pop_failures() == []
@@ -177,15 +179,15 @@ def test_warm_up_replays_of_a_whole_step_build_each_snapshot_once(
         decoder.build_hostfunc.run_now(decoder)
     assert decoder.pop_failures() == []
     expected = next_token_mask(fed(factory, [token]), tokenizer.vocab_size)
-    assert torch.equal(decoder.bitmask_host[0], expected)
-    assert decoder.num_advanced_tokens[0] == 1
+    assert torch.equal(decoder.decoder.bitmask_host[0], expected)
+    assert decoder.decoder.num_advanced_tokens[0] == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_host_functions_take_queued_snapshots_in_order(backend, tokenizer, compact) -> None:
     """The caller queues step 1 and step 2 before the host functions of step 1 run."""
     factory = compact(backend)
-    decoder = make(CapturableGuidedDecoder, tokenizer, factory, backend)
+    decoder = make_capturable(tokenizer, factory, backend)
     token = tokenizer.encode('{"ok"')[0]
     decoder.add_batch([GuidedRequest.context(JSON, request_id=0, seq_slot=0)])
     decoder.add_batch([GuidedRequest.generation(JSON, request_id=0, seq_slot=0, new_token=token)])
@@ -194,7 +196,7 @@ def test_host_functions_take_queued_snapshots_in_order(backend, tokenizer, compa
         decoder.fetch_batch.run_now(decoder)
         decoder.build_hostfunc.run_now(decoder)
     expected = next_token_mask(fed(factory, [token]), tokenizer.vocab_size)
-    assert torch.equal(decoder.bitmask_host[0], expected)
+    assert torch.equal(decoder.decoder.bitmask_host[0], expected)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -202,7 +204,7 @@ def test_fetch_batch_reads_new_and_draft_tokens_from_the_pinned_buffer(
     backend, tokenizer, compact
 ) -> None:
     factory = compact(backend)
-    decoder = make(CapturableGuidedDecoder, tokenizer, factory, backend, drafts=2)
+    decoder = make_capturable(tokenizer, factory, backend, drafts=2)
     tokens = tokenizer.encode('{"ok":true')
     decoder.add_batch([GuidedRequest.context(JSON, request_id=0, seq_slot=1)])
     decoder.fetch_batch.run_now(decoder)
@@ -216,23 +218,23 @@ def test_fetch_batch_reads_new_and_draft_tokens_from_the_pinned_buffer(
     new_tokens[:, 1, 0] = torch.tensor(tokens[:3])
     decoder.add_batch([placeholder], new_tokens=new_tokens)
     decoder.fetch_batch.run_now(decoder)
-    assert decoder.requests_hostfunc is not None
-    (fetched,) = decoder.requests_hostfunc.requests  # a new snapshot: the caller's is left as is
+    assert decoder.decoder.requests is not None
+    (fetched,) = decoder.decoder.requests.requests  # a new snapshot: the caller's is left as is
     assert (fetched.new_token, fetched.draft_tokens) == (tokens[0], tuple(tokens[1:3]))
     assert (placeholder.new_token, placeholder.draft_tokens) == (0, (0, 0))
-    assert decoder.requests is decoder.requests_hostfunc  # copy and apply see its rows
+    assert decoder.requests is decoder.decoder.requests  # copy and apply see its rows
     decoder.build_hostfunc.run_now(decoder)
     for row in range(3):
         matcher = fed(factory, tokens[: row + 1])
         assert torch.equal(
-            decoder.bitmask_host[row], next_token_mask(matcher, tokenizer.vocab_size)
+            decoder.decoder.bitmask_host[row], next_token_mask(matcher, tokenizer.vocab_size)
         ), row
     with pytest.raises(ValueError, match="positions x slots"):
         decoder.add_batch([placeholder], new_tokens=torch.zeros(2, len(GUIDES)))
 
 
 def test_failures_are_handed_out_once_after_the_host_functions_ran(tokenizer, compact) -> None:
-    decoder = make(CapturableGuidedDecoder, tokenizer, compact("xgrammar"), "xgrammar")
+    decoder = make_capturable(tokenizer, compact("xgrammar"), "xgrammar")
     bad = GuidedDecodingParams(json_schema='{"type": "no-such-type"}')
     decoder.add_batch([GuidedRequest.context(bad, request_id=7, seq_slot=0)])
     failures = decoder.execute(torch.zeros(1, tokenizer.vocab_size))
@@ -270,14 +272,13 @@ def test_host_function_errors_are_kept_for_the_caller() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_logits_generation_matches_the_plain_decoder(backend, tokenizer, compact) -> None:
     factory = compact(backend)
-    outputs = {
-        cls: random_guided_generate(
-            make(cls, tokenizer, factory, backend), GUIDES, seed=3, max_tokens=24
-        )
-        for cls in (GuidedDecoder, CapturableGuidedDecoder)
-    }
-    assert outputs[GuidedDecoder] == outputs[CapturableGuidedDecoder]
-    assert any(o.finished for o in outputs[GuidedDecoder])
+    plain = random_guided_generate(make(tokenizer, factory, backend), GUIDES, seed=3, max_tokens=24)
+    wrapped = make_capturable(tokenizer, factory, backend)
+    captured = random_guided_generate(
+        wrapped.decoder, GUIDES, seed=3, max_tokens=24, stepper=wrapped
+    )
+    assert plain == captured
+    assert any(o.finished for o in plain)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -288,19 +289,21 @@ def test_speculative_decoding_matches_the_plain_decoder(
     factory = compact(backend)
     target = ScriptedTarget(tokenizer.vocab_size, seed=11)
     results = []
-    for cls in (GuidedDecoder, CapturableGuidedDecoder):
+    for wrap in (False, True):
         proposer = (
             GreedyDrafter(target, factory, GUIDES, tokenizer.eos_token_id)
             if drafter == "greedy"
             else RandomDrafter(tokenizer.vocab_size, seed=5)
         )
+        decoder = make(tokenizer, factory, backend, drafts=3)
         runner = GreedyRunner(
-            make(cls, tokenizer, factory, backend, drafts=3),
+            decoder,
             target,
             drafter=proposer,
             num_draft_tokens=3,
             max_tokens=30,
             oracle=factory,
+            stepper=CapturableGuidedDecoder(decoder) if wrap else None,
         )
         results.append(runner.run(GUIDES))
         assert runner.stats.states_checked > 0
@@ -311,8 +314,7 @@ def test_speculative_decoding_matches_the_plain_decoder(
 def test_a_captured_step_masks_by_the_replayed_host_functions(tokenizer, compact) -> None:
     """Capture fetch + build + copy + apply once; each replay builds the next step's mask."""
     factory = compact("xgrammar")
-    decoder = make(CapturableGuidedDecoder, tokenizer, factory, "xgrammar", device="cuda")
-    assert isinstance(decoder, CapturableGuidedDecoder)
+    decoder = make_capturable(tokenizer, factory, "xgrammar", device="cuda")
     tokens = tokenizer.encode('{"ok":true,"n":12}')
     logits = torch.zeros(1, tokenizer.vocab_size, device="cuda")
     decoder.add_batch([GuidedRequest.context(JSON, request_id=0, seq_slot=0)])

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from guidedec import (
     LLM,
     GrammarMatcherFactory,
+    GuidedDecoder,
     GuidedDecodingConfig,
     GuidedDecodingParams,
     GuidedRequest,
@@ -225,7 +226,7 @@ def _decoder(model: LoadedModel, factory: GrammarMatcherFactory, slots: int) -> 
         backend="xgrammar", tokenizer=model.tokenizer, json_whitespace="compact"
     )
     return CapturableGuidedDecoder(
-        config=config, factory=factory, max_num_sequences=slots, device=model.device
+        GuidedDecoder(config=config, factory=factory, max_num_sequences=slots, device=model.device)
     )
 
 

@@ -1,7 +1,7 @@
 """Decoder layer: request snapshots and the batched GuidedDecoder."""
 
 from guidedec.decoder.base import BaseGuidedDecoder, DecoderStats
-from guidedec.decoder.decoder import GuidedDecoder
+from guidedec.decoder.decoder import GuidedDecoder, GuidedStep
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.rows import RequestError
 
@@ -11,5 +11,6 @@ __all__ = [
     "GuidedDecoder",
     "GuidedRequest",
     "GuidedRequests",
+    "GuidedStep",
     "RequestError",
 ]

@@ -168,19 +168,19 @@ class BaseGuidedDecoder(RowFilling):
     def add_batch(
         self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
     ) -> None:
-        """Snapshot this step's scheduled requests, in logits-row order.
+        """Snapshot this step's scheduled requests, in logits-row order, for the calls that
+        follow (``build``, copy, apply).
 
         ``num_draft_tokens`` is this step's draft length (default: ``max_num_draft_tokens``);
         a shorter runtime draft length only uses that many draft rows per request.
         """
-        self.set_batch(requests, num_draft_tokens=num_draft_tokens)
+        self.requests = self.snapshot(requests, num_draft_tokens=num_draft_tokens)
 
-    def set_batch(
+    def snapshot(
         self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
-    ) -> None:
-        """:meth:`add_batch` for the calls that follow on this thread (``build``, copy, apply):
-        the capturable decoder's ``add_batch`` also queues the snapshot for its host functions,
-        and this never does (an eager step on it)."""
+    ) -> GuidedRequests:
+        """The batch of ``requests`` as :meth:`add_batch` would take it, checked against this
+        decoder's slots and rows (``ValueError``), without taking it."""
         draft_len = self.max_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         if not 0 <= draft_len <= self.max_num_draft_tokens:
             raise ValueError(
@@ -202,7 +202,7 @@ class BaseGuidedDecoder(RowFilling):
             if slot in slots and req.guided_decoding_params is not None:
                 raise ValueError(f"request {req.request_id}: seq_slot {slot} used twice")
             slots.add(slot)
-        self.requests = batch
+        return batch
 
     def init_disagg_gen_requests(self) -> list[Failure]:
         """Create the matchers of generation-only requests (prefill done by another engine) in
@@ -240,7 +240,7 @@ class BaseGuidedDecoder(RowFilling):
         sync = self.sync
         if sync.trace is not None:
             sync.note("host: build")
-        batch = self._batch()  # the capturable decoder's is the host function's snapshot
+        batch = self._batch()
         start = perf_counter()
         if sync.on_cuda:
             with nvtx_range("guided_decoder.build"):
@@ -506,14 +506,18 @@ class BaseGuidedDecoder(RowFilling):
         self.release_slot(req.seq_slot)
 
     def copy_bitmask(self, num_bitmask_tokens: int | None = None) -> None:
-        """Copy the filled host rows to the device buffers (nothing to do on the CPU)."""
+        """Copy the filled host rows to the device buffers (nothing to do on the CPU): the
+        batch's rows, or ``num_bitmask_tokens`` (see :meth:`apply_bitmask`)."""
+        self.copy_rows(covered_rows(self._batch(), num_bitmask_tokens, self.max_num_rows))
+
+    def copy_rows(self, num_rows: int) -> None:
+        """Copy the first ``num_rows`` host rows (and their token mask) to the device."""
         self.sync.note("side: copy bitmask")
         if self.bitmask is self.bitmask_host:
             return
-        n = self._rows(num_bitmask_tokens)
         with nvtx_range("guided_decoder.copy_bitmask"):
-            self.bitmask[:n].copy_(self.bitmask_host[:n], non_blocking=True)
-            self.token_mask[:n].copy_(self.token_mask_host[:n], non_blocking=True)
+            self.bitmask[:num_rows].copy_(self.bitmask_host[:num_rows], non_blocking=True)
+            self.token_mask[:num_rows].copy_(self.token_mask_host[:num_rows], non_blocking=True)
 
     def apply_bitmask(
         self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, num_rows: int | None = None
@@ -527,8 +531,15 @@ class BaseGuidedDecoder(RowFilling):
         this rank's shard of vocab-sharded logits: they get the columns of the shard, with ``d2t``
         the full table (see :func:`guidedec.bitmask.apply_bitmask_sharded`).
         """
+        rows = covered_rows(self._batch(), num_rows, self.max_num_rows)
+        self.apply_rows(logits, rows, d2t=d2t)
+
+    def apply_rows(
+        self, logits: torch.Tensor, num_rows: int, *, d2t: torch.Tensor | None = None
+    ) -> None:
+        """:meth:`apply_bitmask` over the first ``num_rows`` rows of the device buffers."""
         self.sync.note("main: apply bitmask")
-        n = self._rows(num_rows)
+        n = num_rows
         if logits.dim() != 2 or logits.shape[0] < n:
             raise ValueError(
                 f"logits must be 2-D with at least {n} rows, got {tuple(logits.shape)}"
@@ -565,23 +576,24 @@ class BaseGuidedDecoder(RowFilling):
         self.sync.wait_bitmask()
         self.apply_bitmask(logits, d2t=d2t)
 
-    def _rows(self, num_rows: int | None) -> int:
-        """The rows a copy or apply covers: the batch's, or ``num_rows`` (not fewer, and no more
-        than the buffers hold)."""
-        needed = self._batch().num_bitmask_tokens
-        if num_rows is None:
-            return needed
-        if not needed <= num_rows <= self.max_num_rows:
-            raise ValueError(
-                f"num_rows={num_rows} must be in [{needed}, {self.max_num_rows}] (the batch's "
-                f"rows, the buffers' rows)"
-            )
-        return num_rows
-
     def _batch(self) -> GuidedRequests:
         if self.requests is None:
             raise ValueError("add_batch must be called before build/copy/apply")
         return self.requests
+
+
+def covered_rows(batch: GuidedRequests, num_rows: int | None, max_rows: int) -> int:
+    """The rows a copy or apply covers: the batch's, or ``num_rows`` (not fewer, and no more
+    than the buffers' ``max_rows``)."""
+    needed = batch.num_bitmask_tokens
+    if num_rows is None:
+        return needed
+    if not needed <= num_rows <= max_rows:
+        raise ValueError(
+            f"num_rows={num_rows} must be in [{needed}, {max_rows}] (the batch's rows, the "
+            f"buffers' rows)"
+        )
+    return num_rows
 
 
 def failure_message(req: GuidedRequest, exc: Exception) -> str:

@@ -1,18 +1,21 @@
-"""CapturableGuidedDecoder: the host work of a step as host functions on the CUDA stream, so that
-a decode step can be captured in a CUDA graph with guided decoding inside, and replayed.
+"""CapturableGuidedDecoder: a :class:`GuidedDecoder`'s step as host functions on the CUDA stream,
+so that a decode step can be captured in a CUDA graph with guided decoding inside, and replayed.
 
 A CUDA graph replays device work only; Python code that ran while it was captured does not run
 again. So the host side of a step (fetching the new tokens, advancing matchers, filling rows,
 rolling back) is enqueued on the stream as host functions (:mod:`guidedec.decoder.hostfunc`),
 which a capture records as host nodes that run at every replay, in stream order.
 
-State crosses from the caller to the host functions through a queue: ``add_batch`` (ordinary
-host code, before the replay) puts the batch snapshot there, and the ``fetch_batch`` host
-function takes it. ``self.requests`` is the caller's snapshot and ``self.requests_hostfunc`` the
-host functions' one (while a host function runs, ``in_host_function`` is True and every method
-reads the latter). Tokens sampled on the device reach the host functions through pinned buffers
-(``new_tokens`` ``[max_num_draft_tokens + 1, max_num_sequences]``, by position then slot, and
-``num_accepted_tokens``), copied without blocking.
+The capturable decoder wraps the :class:`GuidedDecoder` that does the work, and owns only what
+crosses from the caller to the host functions. ``add_batch`` (ordinary host code, before the
+replay) checks the step's snapshot and puts it in a queue; the ``fetch_batch`` host function takes
+it and hands it to the wrapped decoder (``decoder.requests``), whose ``build`` and rollbacks the
+other host functions run. ``self.requests`` is the caller's last snapshot, which decides the rows
+that the caller's copy and apply cover; the wrapped decoder's is the one its host functions are
+on, which on a GPU may still be the previous step's. Tokens sampled on the device reach the host
+functions through pinned buffers (``new_tokens`` ``[max_num_draft_tokens + 1,
+max_num_sequences]``, by position then slot, and ``num_accepted_tokens``), copied without
+blocking.
 
 Rules the reference design learned the hard way, kept here:
 
@@ -24,15 +27,17 @@ Rules the reference design learned the hard way, kept here:
   waits for the device (a kernel-module load, some extensions) deadlocks if a host function is
   still pending: :meth:`drain_host_functions` waits on ``bitmask_event`` (releasing the GIL) first.
   It does nothing while capturing (a host wait is illegal there).
-- Host functions cannot return values: failures collect in the decoder and
-  :meth:`pop_failures` hands them out after a drain.
+- Host functions cannot return values: failures collect here and :meth:`pop_failures` hands
+  them out after a drain.
 
-On the CPU every host function runs at once, in the same order, so the decoder is a
-:class:`GuidedDecoder` with the same results; the tests call each host function directly
-(``method.run_now``) in the order a graph would run them.
+On the CPU every host function runs at once, in the same order, so the wrapper gives the wrapped
+decoder's results; the tests call each host function directly (``method.run_now``) in the order
+a graph would run them.
 
-Only the target step and the rollback of rejected tokens are host functions; a drafting loop
-(``add_draft_batch`` / ``execute_draft_batch``) runs as ordinary host code.
+Only the target step and the rollback of rejected tokens are host functions. An eager step (a
+prefill chunk, anything not captured) and a drafting loop (``add_draft_batch`` /
+``execute_draft_batch``) call the wrapped decoder directly, as ordinary host code, never while
+host functions are pending.
 """
 
 from __future__ import annotations
@@ -40,38 +45,48 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 
+from guidedec.decoder.base import covered_rows
 from guidedec.decoder.decoder import Failure, GuidedDecoder, TokenCounts
 from guidedec.decoder.hostfunc import hostfunc, raise_pending_error
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.decoder.streams import StepSync
 
 __all__ = ["CapturableGuidedDecoder"]
 
 
-class CapturableGuidedDecoder(GuidedDecoder):
-    """A :class:`GuidedDecoder` whose step can be captured in a CUDA graph (see the module
-    docstring for the protocol). Same constructor arguments."""
+class CapturableGuidedDecoder:
+    """The step of ``decoder`` as host functions, for a CUDA graph to capture (see the module
+    docstring for the protocol)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        pinned = self.device.type == "cuda"
-        self.requests_hostfunc: GuidedRequests | None = None
+    def __init__(self, decoder: GuidedDecoder) -> None:
+        self.decoder = decoder
+        pinned = decoder.device.type == "cuda"
+        self.requests: GuidedRequests | None = None  # the caller's last snapshot
         self.queue: deque[tuple[GuidedRequests, bool]] = deque()
         self.new_tokens = torch.zeros(
-            self.max_num_draft_tokens + 1,
-            self.max_num_sequences,
+            decoder.max_num_draft_tokens + 1,
+            decoder.max_num_sequences,
             dtype=torch.int32,
             pin_memory=pinned,
         )
         self.num_accepted_tokens = torch.zeros(
-            self.max_num_sequences, dtype=torch.int32, pin_memory=pinned
+            decoder.max_num_sequences, dtype=torch.int32, pin_memory=pinned
         )
-        self.in_host_function = False
         self._failures: list[Failure] = []
         self._unbuilt = False  # a batch was fetched and not built yet
+
+    @property
+    def device(self) -> torch.device:
+        """The wrapped decoder's device (where host functions are enqueued)."""
+        return self.decoder.device
+
+    @property
+    def sync(self) -> StepSync:
+        """The wrapped decoder's streams and events."""
+        return self.decoder.sync
 
     # --- caller side ----------------------------------------------------------------------------
 
@@ -93,7 +108,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
                 their ``new_token`` and ``draft_tokens`` from it when ``fetch_batch`` runs, so
                 that the caller need not wait for the device to build their snapshots.
         """
-        self.set_batch(requests, num_draft_tokens=num_draft_tokens)
+        batch = self.decoder.snapshot(requests, num_draft_tokens=num_draft_tokens)
         if new_tokens is not None:
             tokens = new_tokens.squeeze(-1) if new_tokens.dim() == 3 else new_tokens
             if tuple(tokens.shape) != tuple(self.new_tokens.shape):
@@ -102,8 +117,8 @@ class CapturableGuidedDecoder(GuidedDecoder):
                     f"got {tuple(new_tokens.shape)}"
                 )
             self.new_tokens.copy_(tokens, non_blocking=True)  # ordered before the side stream
-        assert self.requests is not None
-        self.queue.append((self.requests, new_tokens is not None))
+        self.requests = batch
+        self.queue.append((batch, new_tokens is not None))
 
     def execute(
         self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, num_rows: int | None = None
@@ -118,11 +133,18 @@ class CapturableGuidedDecoder(GuidedDecoder):
         with self.sync.side():
             self.fetch_batch()
             self.build_hostfunc()
-            self.copy_bitmask(num_rows)
+            self.decoder.copy_rows(self._rows(num_rows))
             self.sync.record_bitmask()
         self.sync.wait_bitmask()
         self.apply_bitmask(logits, d2t=d2t, num_rows=num_rows)
         return [] if self.sync.on_cuda else self.pop_failures()
+
+    def apply_bitmask(
+        self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, num_rows: int | None = None
+    ) -> None:
+        """:meth:`GuidedDecoder.apply_bitmask` over the rows of the caller's last snapshot (or
+        ``num_rows``), whatever batch the host functions are on."""
+        self.decoder.apply_rows(logits, self._rows(num_rows), d2t=d2t)
 
     def rollback_rejected_batch(self, num_accepted_tokens: TokenCounts) -> list[Failure]:
         """:meth:`GuidedDecoder.rollback_rejected_batch` through host functions.
@@ -131,7 +153,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
         the GIL; see :meth:`drain_host_functions`, which this calls). ``num_accepted_tokens``
         may be a device tensor (it is copied without blocking).
         """
-        batch = self._batch()
+        batch = self._caller_batch()
         counts = torch.as_tensor(num_accepted_tokens, dtype=torch.int32)
         if tuple(counts.shape) != (len(batch),):
             raise ValueError(
@@ -170,19 +192,21 @@ class CapturableGuidedDecoder(GuidedDecoder):
         failures, self._failures = self._failures, []
         return failures
 
-    def _batch(self) -> GuidedRequests:
-        if not self.in_host_function:
-            return super()._batch()
-        if self.requests_hostfunc is None:
-            raise RuntimeError("no batch for the host functions yet: add_batch, then fetch_batch")
-        return self.requests_hostfunc
+    def _caller_batch(self) -> GuidedRequests:
+        if self.requests is None:
+            raise ValueError("add_batch must be called before execute/apply/rollback")
+        return self.requests
 
-    # --- host functions (stream order; callable directly with ``.run_now(decoder)``) ------------
+    def _rows(self, num_rows: int | None) -> int:
+        return covered_rows(self._caller_batch(), num_rows, self.decoder.max_num_rows)
+
+    # --- host functions (stream order; callable directly with ``.run_now(wrapper)``) ------------
 
     @hostfunc
     def fetch_batch(self) -> None:
-        """Take the next queued batch; fill its tokens from ``new_tokens`` if it came with them.
-        An empty queue (a warm-up replay) leaves everything as it is."""
+        """Take the next queued batch and hand it to the wrapped decoder; fill its tokens from
+        ``new_tokens`` if it came with them. An empty queue (a warm-up replay) leaves
+        everything as it is."""
         if not self.queue:
             return
         queued, has_new_tokens = self.queue.popleft()
@@ -193,7 +217,7 @@ class CapturableGuidedDecoder(GuidedDecoder):
             )
             if self.requests is queued:  # still the caller's batch: copy and apply see its rows
                 self.requests = batch
-        self.requests_hostfunc, self._unbuilt = batch, True
+        self.decoder.requests, self._unbuilt = batch, True
 
     def _with_new_tokens(self, req: GuidedRequest) -> GuidedRequest:
         """``req`` with the new token and drafts the device wrote for its slot (guided requests
@@ -205,26 +229,26 @@ class CapturableGuidedDecoder(GuidedDecoder):
 
     @hostfunc
     def build_hostfunc(self) -> None:
-        """:meth:`build` on the host functions' batch, once per fetched batch (nothing after a
+        """The wrapped decoder's ``build``, once per fetched batch (nothing after a
         ``fetch_batch`` that found the queue empty)."""
         if not self._unbuilt:
             return
         self._unbuilt = False
-        self._failures += self.build()
+        self._failures += self.decoder.build()
 
     @hostfunc
     def rollback_accepted_hostfunc(self) -> None:
         """Roll back what verification rejected, by ``num_accepted_tokens``."""
-        batch = self._batch()
-        counts = self.num_accepted_tokens[: len(batch)].tolist()
-        self._failures += self._rollback_rejected(batch.requests, counts)
+        batch = self.decoder.requests  # None: the decoder's rollback says add_batch is missing
+        counts = self.num_accepted_tokens[: len(batch or ())].tolist()
+        self._failures += self.decoder.rollback_rejected_batch(counts)
 
     @hostfunc
     def rollback_draft_hostfunc(self) -> None:
-        """:meth:`rollback_draft_tokens` on the host functions' batch."""
-        self._failures += self.rollback_draft_tokens()
+        """The wrapped decoder's ``rollback_draft_tokens``."""
+        self._failures += self.decoder.rollback_draft_tokens()
 
     @hostfunc
     def init_disagg_hostfunc(self) -> None:
-        """:meth:`init_disagg_gen_requests` on the host functions' batch."""
-        self._failures += self.init_disagg_gen_requests()
+        """The wrapped decoder's ``init_disagg_gen_requests``."""
+        self._failures += self.decoder.init_disagg_gen_requests()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -27,9 +28,25 @@ from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.rows import Failure, RequestError
 from guidedec.errors import REQUEST_ERRORS
 
-__all__ = ["DecoderStats", "Failure", "GuidedDecoder", "RequestError"]
+__all__ = ["DecoderStats", "Failure", "GuidedDecoder", "GuidedStep", "RequestError"]
 
 TokenCounts = Sequence[int] | torch.Tensor
+
+
+class GuidedStep(Protocol):
+    """What runs a target step of guided decoding: a :class:`GuidedDecoder`, or a
+    :class:`~guidedec.decoder.capturable.CapturableGuidedDecoder` that runs a decoder's step as
+    host functions."""
+
+    def add_batch(
+        self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
+    ) -> None: ...
+
+    def execute(
+        self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None
+    ) -> list[Failure]: ...
+
+    def rollback_rejected_batch(self, num_accepted_tokens: TokenCounts) -> list[Failure]: ...
 
 
 @dataclass(frozen=True, slots=True)

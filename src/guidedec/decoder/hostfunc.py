@@ -106,28 +106,22 @@ def launch_host_func(stream: torch.cuda.Stream, fn: Callable[[], object]) -> Non
 
 
 class _HasDevice(Protocol):
-    device: torch.device
-    in_host_function: bool
-    sync: StepSync
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def sync(self) -> StepSync: ...
 
 
 S = TypeVar("S", bound=_HasDevice)
 
 
 def hostfunc(method: Callable[[S], None]) -> Callable[[S], None]:
-    """Make ``method`` (no arguments but the decoder) a host function of the decoder's stream.
-
-    While it runs, ``decoder.in_host_function`` is True, so that the decoder reads the snapshot
-    meant for host functions rather than the one the caller has already moved on to.
-    """
+    """Make ``method`` (no arguments but the decoder) a host function of the decoder's stream."""
 
     def run_now(decoder: S) -> None:
         decoder.sync.note(f"host: {method.__name__}")
-        decoder.in_host_function = True
-        try:
-            method(decoder)
-        finally:
-            decoder.in_host_function = False
+        method(decoder)
 
     @functools.wraps(method)
     def launch(decoder: S) -> None:

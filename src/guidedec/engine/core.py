@@ -15,11 +15,12 @@ chunks and prefill chunks together.
 CUDA graphs: with ``cuda_graphs`` the runner's KV cache is static (allocated once, never moved)
 and a pure decode step (every sequence feeds one token, no prefill, no drafts) is a graph replay
 at the next padded batch size (:class:`~guidedec.engine.graphs.DecodeGraphs`) with the guided
-decoder's step inside: its build
-runs as host functions in the graph, so ``overlap`` does not apply to it, and its time counts
-as forward time (``step_times`` holds the eager steps only). Every other step runs eagerly as
-without graphs. With a speculator every step runs eagerly (verify steps feed drafts), with a
-plain ``GuidedDecoder``. On the CPU a "replay" calls the captured function again.
+decoder's step inside: the graphs drive the engine's one ``GuidedDecoder`` through a
+``CapturableGuidedDecoder`` that wraps it, whose build runs as host functions in the graph, so
+``overlap`` does not apply to it, and its time counts as forward time (``step_times`` holds the
+eager steps only). Every other step runs eagerly as without graphs, on the decoder itself. With
+a speculator every step runs eagerly (verify steps feed drafts). On the CPU a "replay" calls
+the captured function again.
 """
 
 from __future__ import annotations
@@ -104,8 +105,7 @@ class EngineCore:
         self.graphs: DecodeGraphs | None = None
         runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
         self.runner: SlotRunner = runner
-        capturable = cuda_graphs and speculator is None
-        self.decoder = (CapturableGuidedDecoder if capturable else GuidedDecoder)(
+        self.decoder = GuidedDecoder(
             config=config,
             factory=self.factory,
             max_num_sequences=max_num_seqs,
@@ -116,8 +116,8 @@ class EngineCore:
         # now, not beside the first guided requests' steps (they would stall every request).
         self.factory.warm_up()
         self.decoder.closer.warm_up()
-        if cuda_graphs and isinstance(self.decoder, CapturableGuidedDecoder):
-            self.graphs = DecodeGraphs(runner, self.decoder)
+        if cuda_graphs and speculator is None:  # decode steps replay; the rest run eagerly
+            self.graphs = DecodeGraphs(runner, CapturableGuidedDecoder(self.decoder))
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
         self.grammars = GrammarPool(self.factory, timeout_s=compile_timeout_s)
         self.speculator = speculator
@@ -293,17 +293,18 @@ class EngineCore:
         """Snapshot the batch for the decoder; None when no request in it is guided.
 
         ``queued``: for a graph replay, whose host functions take the snapshot from the
-        capturable decoder's queue. Otherwise the snapshot is not queued, even on a capturable
-        decoder: an eager step builds from it directly, and a snapshot left in the queue would
-        be taken by the next replay in place of its own.
+        capturable decoder's queue. Otherwise the decoder takes it directly: an eager step
+        builds from it, and a snapshot left in the queue would be taken by the next replay in
+        place of its own.
         """
         if all(s.request.params.guided_decoding is None for s in batch):
             return None
         snapshots = [_snapshot(s, self.max_model_len) for s in batch]
         if queued:
-            self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
+            assert self.graphs is not None
+            self.graphs.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
         else:
-            self.decoder.set_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
+            self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
         return self.decoder
 
     def _advance(

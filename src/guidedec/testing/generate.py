@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.decoder import GuidedDecoder, GuidedRequest, GuidedStep
 from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar import GuidedDecodingParams
@@ -48,22 +48,25 @@ def random_guided_generate(
     seed: int = 0,
     max_tokens: int = 256,
     temperature: float = 1.0,
+    stepper: GuidedStep | None = None,
 ) -> list[GeneratedOutput]:
     """Generate one output per guide from seeded random logits, through ``decoder``.
 
     A stand-in for a model: each step draws fresh Gaussian logits for every live request, the
     decoder masks them, and a token is sampled from the softmax. Whatever the logits, every output
     that finishes (samples a stop token) must follow its guide: this is the soundness check.
-    The stop token is not part of ``token_ids``.
+    The stop token is not part of ``token_ids``. ``stepper`` runs each step's ``add_batch`` and
+    ``execute`` instead of ``decoder`` (a ``CapturableGuidedDecoder`` wrapping it).
     """
     generator = torch.Generator().manual_seed(seed)
+    steps = decoder if stepper is None else stepper
 
     def step(num_live: int) -> tuple[dict[int, str], list[int]]:
         logits = torch.randn(num_live, decoder.vocab_size, generator=generator)
-        failed = dict(decoder.execute(logits))
+        failed = dict(steps.execute(logits))
         return failed, sample_from_logits(logits, temperature, generator).tolist()
 
-    return _generate(decoder, guides, max_tokens, step)
+    return _generate(decoder, guides, max_tokens, step, stepper=steps)
 
 
 @dataclass
@@ -165,10 +168,13 @@ def _generate(
     step: Callable[[int], tuple[dict[int, str], list[int]]],
     checks: EngineChecks | None = None,
     redraw: Callable[[int, list[int]], int | None] | None = None,
+    stepper: GuidedStep | None = None,
 ) -> list[GeneratedOutput]:
     """The loop of the generators above: ``step(num_live)`` masks the batch added to
-    ``decoder`` and returns its failures and one sampled token per live row; with ``checks``,
-    each sampled token goes through them (``redraw(row, banned)`` draws again)."""
+    ``stepper`` (default ``decoder``) and returns its failures and one sampled token per live
+    row; with ``checks``, each sampled token goes through them (``redraw(row, banned)`` draws
+    again)."""
+    steps = decoder if stepper is None else stepper
     if len(guides) > decoder.max_num_sequences:
         raise ValueError(f"{len(guides)} guides for {decoder.max_num_sequences} slots")
     stop_ids = set(decoder.config.tokenizer.stop_token_ids)
@@ -179,7 +185,7 @@ def _generate(
         GuidedRequest.context(guides[i], request_id=i, seq_slot=i, tokens_left=left) for i in live
     ]
     for _ in range(max_tokens):
-        decoder.add_batch(step_requests)
+        steps.add_batch(step_requests)
         failed, sampled = step(len(live))
         still_live, step_requests = [], []
         for row, (i, token) in enumerate(zip(live, sampled, strict=True)):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from guidedec.bitmask import apply_bitmask, row_has_valid_token
-from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.decoder import GuidedDecoder, GuidedRequest, GuidedStep
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.testing.generate import GeneratedOutput
 from guidedec.testing.matchers import feed_tokens, next_token_mask
@@ -158,7 +158,9 @@ class GreedyRunner:
     or with ``rollback_rejected_tokens`` on the next snapshots (``"snapshot"``). With
     ``draft_model`` the drafting loop runs the draft model's logits through
     ``add_draft_batch``/``execute_draft_batch``. ``oracle`` (a factory for the same backend)
-    checks each filled row and each rolled-back matcher against fresh matchers.
+    checks each filled row and each rolled-back matcher against fresh matchers. ``stepper``
+    runs the target steps (``add_batch``, ``execute``, ``rollback_rejected_batch``) instead of
+    ``decoder`` (a ``CapturableGuidedDecoder`` wrapping it); the rest goes to ``decoder``.
     """
 
     def __init__(
@@ -172,10 +174,14 @@ class GreedyRunner:
         max_tokens: int = 64,
         rollback: RollbackPath = "batch",
         oracle: GrammarMatcherFactory | None = None,
+        stepper: GuidedStep | None = None,
     ) -> None:
         if (drafter or draft_model) and not 0 < num_draft_tokens <= decoder.max_num_draft_tokens:
             raise ValueError("num_draft_tokens must be in [1, decoder.max_num_draft_tokens]")
+        if stepper is not None and rollback == "snapshot":
+            raise ValueError("rollback='snapshot' reads the batch of add_batch: no stepper")
         self.decoder, self.target = decoder, target
+        self.steps: GuidedStep = decoder if stepper is None else stepper
         self.drafter, self.draft_model = drafter, draft_model
         self.num_draft_tokens = num_draft_tokens if (drafter or draft_model) else 0
         self.max_tokens, self.rollback, self.oracle = max_tokens, rollback, oracle
@@ -192,7 +198,7 @@ class GreedyRunner:
                 self._drafting_loop(live)
             elif self.drafter is not None and self.rollback == "batch":
                 counts = [1 + s.num_accepted_drafts for s in live]
-                self._record(self.decoder.rollback_rejected_batch(counts), live)
+                self._record(self.steps.rollback_rejected_batch(counts), live)
             live = [s for s in live if not s.done]
             if self.drafter is not None:
                 for seq in live:
@@ -203,7 +209,7 @@ class GreedyRunner:
 
     def _target_step(self, live: list[_Sequence]) -> None:
         requests = [self._request(seq) for seq in live]
-        self.decoder.add_batch(requests, num_draft_tokens=self.num_draft_tokens)
+        self.steps.add_batch(requests, num_draft_tokens=self.num_draft_tokens)
         if self.rollback == "snapshot" and self.drafter is not None:
             self._record(self.decoder.rollback_rejected_tokens(), live)
         self._check_states(live)
@@ -212,7 +218,7 @@ class GreedyRunner:
             base = [*seq.prompt, *seq.output.token_ids]
             prefixes += [base + seq.drafts[:i] for i in range(len(seq.drafts) + 1)]
         logits = self.target.logits(prefixes)
-        self._record(self.decoder.execute(logits), live)
+        self._record(self.steps.execute(logits), live)
         self._check_rows(live)
         row = 0
         for seq in live:

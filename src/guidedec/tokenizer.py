@@ -124,8 +124,10 @@ class TokenizerInfo:
         return self.stop_token_ids[0]
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without special tokens (no BOS)."""
-        return list(self._hf.encode(text, add_special_tokens=False))
+        """Token ids of ``text``, without special tokens (no BOS): the fast tokenizer's own
+        object called directly (what the ``transformers`` wrapper calls, in half its time)."""
+        ids: list[int] = self._hf.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; special tokens are kept."""

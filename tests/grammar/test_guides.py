@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from guidedec import (
     GrammarMatcherFactory,
@@ -211,3 +213,21 @@ def test_tokenizer_info_defaults(tokenizer: TokenizerInfo) -> None:
         TokenizerInfo(tokenizer.hf_tokenizer, stop_token_ids=[10**7])
     padded = TokenizerInfo.from_huggingface(tokenizer.hf_tokenizer, vocab_size=129_312)
     assert padded.vocab_size == 129_312 and padded.real_vocab_size == 129_280
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [*'ab {}[]":,\n\t\\é漢🙂07 ', "<｜end▁of▁sentence｜>", "</think>", "<think>"]
+        ),
+        max_size=30,
+    )
+)
+def test_encode_gives_the_transformers_tokenizer_s_ids(pieces: list[str]) -> None:
+    """``encode`` calls the fast tokenizer's own object: the ids of the ``transformers``
+    wrapper's ``encode`` without special tokens, special and added tokens' text included."""
+    tokenizer = TokenizerInfo.default()
+    text = "".join(pieces)
+    expected = list(tokenizer.hf_tokenizer.encode(text, add_special_tokens=False))
+    assert tokenizer.encode(text) == expected

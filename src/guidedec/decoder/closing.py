@@ -337,21 +337,11 @@ class BudgetCloser:
             rest = text[len(solid) :]
         else:
             return None
-        candidate = [*self._encode(rest), witness[-1]] if rest else witness[-1:]
+        candidate = [*self.tokenizer.encode(rest), witness[-1]] if rest else witness[-1:]
         if len(candidate) <= limit and completes(matcher, candidate):
             self.stats.respelled += 1
             return candidate
         return None
-
-    def _encode(self, text: str) -> list[int]:
-        """``tokenizer.encode``, through the fast tokenizer's own object where there is one
-        (half the time of the ``transformers`` wrapper); its tokens are checked by the matcher
-        before use anyway."""
-        backend = getattr(self.tokenizer.hf_tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            return self.tokenizer.encode(text)
-        ids: list[int] = backend.encode(text, add_special_tokens=False).ids
-        return ids
 
     def _find(
         self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from guidedec.engine.ngram import NgramDrafter
 from guidedec.engine.sampling import (
     SamplingParams,
+    TargetRows,
     greedy_tokens,
     make_generator,
     processed_probs,
@@ -410,6 +411,42 @@ def test_verify_rejection_edge_cases() -> None:
         verify_rejection(p, torch.ones(2, 3) / 3, [1], generator)
     with pytest.raises(ValueError, match="target_probs"):
         verify_rejection(p, None, [1, 2], generator)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    points=st.sets(st.integers(0, 4)),
+    with_q=st.booleans(),
+    temperature=st.sampled_from([0.5, 1.0, 2.0]),
+)
+def test_target_rows_give_verify_rejection_the_results_of_processed_probs(
+    k: int, seed: int, points: set[int], with_q: bool, temperature: float
+) -> None:
+    """Rows read on demand, with masked one-token rows as point masses whose logits are never
+    read (NaN there), give the same accepted count, token and generator state as the
+    distributions :func:`processed_probs` computes for the whole chunk."""
+    vocab, setup = 6, torch.Generator().manual_seed(seed)
+    logits = torch.randn(k + 1, vocab, generator=setup, dtype=torch.float64)
+    masses = {}
+    for row in sorted(p for p in points if p <= k):
+        token = int(torch.randint(vocab, (1,), generator=setup))
+        logits[row] = -INF
+        logits[row, token] = 0.0
+        masses[row] = token
+    q = random_distribution(setup, k, vocab) if with_q else None
+    drafts = [int(t) for t in torch.randint(vocab, (k,), generator=setup)]
+    params = SamplingParams(temperature=temperature)
+    unread = logits.clone()
+    for row in masses:
+        unread[row] = math.nan  # a point mass's logits are not read
+    for trial in range(5):
+        full, lazy = (torch.Generator().manual_seed(seed + trial) for _ in range(2))
+        expected = verify_rejection(processed_probs(logits, params), q, drafts, full)
+        target = TargetRows(unread, params, masses)
+        assert verify_rejection(target, q, drafts, lazy) == expected
+        assert torch.equal(full.get_state(), lazy.get_state())
 
 
 # NgramDrafter -----------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ def test_forced_rows_skip_the_lm_head_and_change_nothing(
             isolate_compiles=False,
         )
         if not skip:
-            monkeypatch.setattr(llm.decoder, "single_token_rows", lambda rows: [])
+            monkeypatch.setattr(llm.decoder, "single_token_rows", lambda rows: {})
         outputs = llm.generate([f"Record {i}:" for i in range(3)], params)
         runs[skip] = (
             [o.token_ids for o in outputs],

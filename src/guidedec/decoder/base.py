@@ -466,16 +466,17 @@ class BaseGuidedDecoder(RowFilling):
         if isinstance(exc, SlowMasksError) and params is not None:
             self.factory.forget(params)  # its matcher is gone: its compiled guide goes too
 
-    def single_token_rows(self, rows: Sequence[int]) -> list[int]:
-        """Those of ``rows`` whose mask, filled by the last build, allows exactly one token:
-        their logits decide nothing (greedy and sampling both take that token), so a forward
-        may leave them out (see :attr:`guidedec.engine.runner.ForwardInput.no_logits`)."""
+    def single_token_rows(self, rows: Sequence[int]) -> dict[int, int]:
+        """Those of ``rows`` whose mask, filled by the last build, allows exactly one token, with
+        that token: their logits decide nothing (greedy and sampling both take that token), so a
+        forward may leave them out (see :attr:`guidedec.engine.runner.ForwardInput.no_logits`)."""
         words = self.bitmask_host.numpy().view(np.uint32)
-        return [
-            row
-            for row in rows
-            if self._token_mask_np[row] and int(np.bitwise_count(words[row]).sum()) == 1
-        ]
+        single = {}
+        for row in rows:
+            if self._token_mask_np[row] and int(np.bitwise_count(words[row]).sum()) == 1:
+                word = int(np.flatnonzero(words[row])[0])
+                single[row] = 32 * word + int(words[row, word]).bit_length() - 1
+        return single
 
     def take_sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
         """Hand over the masks of the given rows of this batch that the last build filled and

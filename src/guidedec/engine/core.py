@@ -50,11 +50,11 @@ from guidedec.engine.request import Request, RequestOutput
 from guidedec.engine.runner import ForwardInput, SlotRunner
 from guidedec.engine.sampling import (
     SamplingParams,
+    TargetRows,
     greedy_token,
     greedy_tokens,
     make_draft_generator,
     make_generator,
-    processed_probs,
     sample,
     verify_greedy_tokens,
     verify_rejection,
@@ -133,6 +133,8 @@ class EngineCore:
         self._next_id = 0
         self._handoffs: dict[int, Handoff] = {}
         self._unreported: list[Request] = []  # finished outside a step (aborted)
+        # This step's verification rows that allow one token: request id -> {row: token}.
+        self._point_masses: dict[int, dict[int, int]] = {}
         self._forward_s = 0.0  # the last eager step's forward
         self._step_work: deque[float] = deque(maxlen=PACE_WINDOW)  # forward + sampling, s
 
@@ -185,6 +187,7 @@ class EngineCore:
 
     def _run_batch(self, batch: list[Scheduled]) -> list[Request]:
         self._import_handoffs(batch)
+        self._point_masses.clear()
         t0 = time.perf_counter()
         inputs = [ForwardInput(_slot(s), s.token_ids, s.num_logits) for s in batch]
         if self.graphs is not None and is_decode_step(inputs):
@@ -258,15 +261,18 @@ class EngineCore:
         self, batch: list[Scheduled], inputs: list[ForwardInput], decoder: GuidedDecoder
     ) -> list[ForwardInput]:
         """``inputs`` with ``no_logits`` set to the verification rows whose mask, just built,
-        allows one token (the sampled or greedy token there is that one, whatever the logits)."""
+        allows one token (the sampled or greedy token there is that one, whatever the logits);
+        a sampling request's verification reads those rows as point masses at their token
+        (``_point_masses``), without processing them."""
         out, row = [], 0
         for s, item in zip(batch, inputs, strict=True):
             if _verifies(s):
                 rows = range(row, row + item.num_logits)
-                single = tuple(r - row for r in decoder.single_token_rows(rows))
+                single = {r - row: token for r, token in decoder.single_token_rows(rows).items()}
                 if single:
-                    item = dataclasses.replace(item, no_logits=single)
+                    item = dataclasses.replace(item, no_logits=tuple(single))
                     self.stats.rows_without_logits += len(single)
+                    self._point_masses[s.request.request_id] = single
             out.append(item)
             row += item.num_logits
         return out
@@ -477,8 +483,8 @@ class EngineCore:
             accepted, token = verify_greedy_tokens(best, drafts)
         else:
             assert req.generator is not None
-            probs = processed_probs(rows, req.params)
-            accepted, token = verify_rejection(probs, req.draft_probs, drafts, req.generator)
+            target = TargetRows(rows, req.params, self._point_masses.get(req.request_id))
+            accepted, token = verify_rejection(target, req.draft_probs, drafts, req.generator)
         req.num_accepted_drafts = accepted
         req.num_computed += 1 + accepted
         if drafts and req.slot is not None:

@@ -376,17 +376,79 @@ def verify_greedy(target_logits: torch.Tensor, drafts: Sequence[int]) -> tuple[i
     return num_accepted, best[num_accepted]
 
 
+class TargetRows:
+    """The target's processed distributions over a verification chunk, row by row, computed
+    when first read: ``logits`` [k + 1, V] under ``params`` (see :func:`processed_probs`). A row
+    in ``point_masses`` (row -> token) is a point mass at its token, and its logits are never
+    read: its mask allows that one token (text the grammar forces), so processing its row
+    would give exactly 1 there and 0 elsewhere. A rejection that stops at the first row reads
+    no other row. :meth:`of_probs` wraps distributions computed already."""
+
+    def __init__(
+        self,
+        logits: torch.Tensor | None,
+        params: SamplingParams | None,
+        point_masses: Mapping[int, int] | None = None,
+        *,
+        probs: torch.Tensor | None = None,
+    ) -> None:
+        source = probs if probs is not None else logits
+        assert source is not None
+        if source.dim() != 2:
+            raise ValueError(f"target rows must be 2-D, got {tuple(source.shape)}")
+        self.num_rows, self.vocab_size = source.shape
+        self._logits, self._params = logits, params
+        self._point_masses = dict(point_masses or {})
+        self._rows: dict[int, torch.Tensor] = {}
+        if probs is not None:
+            self._rows = dict(enumerate(probs))
+
+    @classmethod
+    def of_probs(cls, probs: torch.Tensor) -> TargetRows:
+        """Rows given as probabilities [k + 1, V] (not necessarily normalised)."""
+        return cls(None, None, probs=probs)
+
+    def probs(self, i: int) -> torch.Tensor:
+        """Row ``i``'s distribution [V] (not a point mass's: those are never processed)."""
+        row = self._rows.get(i)
+        if row is None:
+            assert self._logits is not None and self._params is not None
+            row = self._rows[i] = _processed(_checked(self._logits[i : i + 1]), self._params)[0]
+        return row
+
+    def prob(self, i: int, token: int) -> float:
+        """Row ``i``'s probability of ``token``."""
+        point = self._point_masses.get(i)
+        if point is not None:
+            return 1.0 if token == point else 0.0
+        return float(self.probs(i)[token])
+
+    def draw(
+        self, i: int, generator: torch.Generator, *, q: torch.Tensor | None = None, draft: int = -1
+    ) -> int:
+        """One token from row ``i`` (with ``draft``: from the residual ``max(0, p - q)``, q None
+        meaning one-hot at ``draft``), consuming one uniform. A point mass gives its token either
+        way (the residual of a point mass is that point mass, or empty, which falls back to it)."""
+        point = self._point_masses.get(i)
+        if point is not None:
+            _uniform(generator)  # what the draw from the one-hot row consumes
+            return point
+        p = self.probs(i)
+        return _draw(p if draft < 0 else _residual(p, q, draft), generator)
+
+
 def verify_rejection(
-    target_probs: torch.Tensor,
+    target_probs: torch.Tensor | TargetRows,
     draft_probs: torch.Tensor | None,
     drafts: Sequence[int],
     generator: torch.Generator,
 ) -> tuple[int, int]:
     """Speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
 
-    ``target_probs`` [k + 1, V]: row i is the target's processed distribution p_i after the
-    accepted prefix plus ``drafts[:i]``. ``draft_probs`` [k, V]: the distribution q_i each draft
-    was drawn from; None for a deterministic drafter (q_i one-hot at ``drafts[i]``).
+    ``target_probs`` [k + 1, V] (or :class:`TargetRows`, which computes rows as they are read):
+    row i is the target's processed distribution p_i after the accepted prefix plus
+    ``drafts[:i]``. ``draft_probs`` [k, V]: the distribution q_i each draft was drawn from; None
+    for a deterministic drafter (q_i one-hot at ``drafts[i]``).
     For i in order, draft d_i is accepted with probability ``min(1, p_i(d_i) / q_i(d_i))``
     (rejected outright when ``q_i(d_i) == 0``). At the first rejection the next token is drawn
     from ``normalize(max(0, p_i - q_i))`` (from p_i when that is all zero) and verification stops;
@@ -396,21 +458,17 @@ def verify_rejection(
     Raises:
         ValueError: shapes that do not match ``drafts``, or a draft id outside [0, V).
     """
-    _check_rejection_inputs(target_probs, draft_probs, drafts)
-    k = len(drafts)
-    index = torch.tensor(list(drafts), dtype=torch.long, device=target_probs.device)
-    p_draft = _at(target_probs[:k], index)
-    q_draft = [1.0] * k if draft_probs is None else _at(draft_probs, index)
-    for i, (p, q) in enumerate(zip(p_draft, q_draft, strict=True)):
+    target = (
+        target_probs if isinstance(target_probs, TargetRows) else TargetRows.of_probs(target_probs)
+    )
+    _check_rejection_inputs(target, draft_probs, drafts)
+    for i, draft in enumerate(drafts):
+        p = target.prob(i, draft)
+        q = 1.0 if draft_probs is None else float(draft_probs[i, draft])
         if not (q > 0 and _uniform(generator) < p / q):
             q_row = None if draft_probs is None else draft_probs[i]
-            return i, _draw(_residual(target_probs[i], q_row, drafts[i]), generator)
-    return k, _draw(target_probs[k], generator)
-
-
-def _at(probs: torch.Tensor, index: torch.Tensor) -> list[float]:
-    """``probs[i, index[i]]`` for every row i, as Python floats."""
-    return [float(v) for v in probs.gather(1, index.to(probs.device)[:, None]).flatten()]
+            return i, target.draw(i, generator, q=q_row, draft=draft)
+    return len(drafts), target.draw(len(drafts), generator)
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tensor:
@@ -424,12 +482,11 @@ def _residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tens
 
 
 def _check_rejection_inputs(
-    target_probs: torch.Tensor, draft_probs: torch.Tensor | None, drafts: Sequence[int]
+    target: TargetRows, draft_probs: torch.Tensor | None, drafts: Sequence[int]
 ) -> None:
-    k = len(drafts)
-    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-        raise ValueError(f"target_probs must be [{k + 1}, V], got {tuple(target_probs.shape)}")
-    vocab = target_probs.shape[1]
+    k, vocab = len(drafts), target.vocab_size
+    if target.num_rows != k + 1:
+        raise ValueError(f"target_probs must be [{k + 1}, V], got {(target.num_rows, vocab)}")
     if draft_probs is not None and tuple(draft_probs.shape) != (k, vocab):
         raise ValueError(f"draft_probs must be [{k}, {vocab}], got {tuple(draft_probs.shape)}")
     bad = [d for d in drafts if not 0 <= d < vocab]

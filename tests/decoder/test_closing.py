@@ -39,6 +39,13 @@ OTHER_GUIDES = [
     (GuidedDecodingParams(lark='start: "key=" /[a-z]+/ ";" "end"'), "key=abc"),
 ]
 
+NAME_AGE = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
 
 @pytest.fixture(scope="module")
 def search(tokenizer: TokenizerInfo) -> CompletionSearch:
@@ -339,13 +346,7 @@ def test_a_guide_s_recent_witnesses_are_replayed_before_a_search(
     """A second output at the same state replays the first one's witness (exact: the matcher
     accepts it and ends); at another state the kept witness does not complete and a search
     runs."""
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-        "additionalProperties": False,
-    }
-    params = GuidedDecodingParams(json_schema=schema)
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
     factory = make_factory("xgrammar")
     closer = BudgetCloser(tokenizer, num_slots=3)
 
@@ -428,13 +429,7 @@ def test_the_witness_s_text_in_another_split_is_encoded_again_not_searched(
     """The model writes the start of the witness's text in tokens of its own (``na`` where the
     witness has ``name``), or whitespace after its structural character: the rest of the
     witness's text, encoded again, completes the new state, found without a search."""
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-        "additionalProperties": False,
-    }
-    params = GuidedDecodingParams(json_schema=schema)
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
     factory = make_factory(backend)
     closer = BudgetCloser(tokenizer, num_slots=1)
     matcher = factory.create(params)

@@ -540,17 +540,16 @@ class BaseGuidedDecoder(RowFilling):
     ) -> None:
         """:meth:`apply_bitmask` over the first ``num_rows`` rows of the device buffers."""
         self.sync.note("main: apply bitmask")
-        n = num_rows
-        if logits.dim() != 2 or logits.shape[0] < n:
+        if logits.dim() != 2 or logits.shape[0] < num_rows:
             raise ValueError(
-                f"logits must be 2-D with at least {n} rows, got {tuple(logits.shape)}"
+                f"logits must be 2-D with at least {num_rows} rows, got {tuple(logits.shape)}"
             )
         start = perf_counter()
         with nvtx_range("guided_decoder.apply_bitmask"):
             apply_bitmask_sharded(
-                logits[:n],
-                self.bitmask[:n],
-                token_mask=self.token_mask[:n],
+                logits[:num_rows],
+                self.bitmask[:num_rows],
+                token_mask=self.token_mask[:num_rows],
                 d2t=d2t,
                 rank=self.rank,
                 vocab_size_padded=self.vocab_size,

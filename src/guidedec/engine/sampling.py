@@ -386,33 +386,29 @@ class TargetRows:
 
     def __init__(
         self,
-        logits: torch.Tensor | None,
-        params: SamplingParams | None,
+        logits: torch.Tensor,
+        params: SamplingParams | None = None,
         point_masses: Mapping[int, int] | None = None,
-        *,
-        probs: torch.Tensor | None = None,
     ) -> None:
-        source = probs if probs is not None else logits
-        assert source is not None
-        if source.dim() != 2:
-            raise ValueError(f"target rows must be 2-D, got {tuple(source.shape)}")
-        self.num_rows, self.vocab_size = source.shape
+        if logits.dim() != 2:
+            raise ValueError(f"target rows must be 2-D, got {tuple(logits.shape)}")
+        self.num_rows, self.vocab_size = logits.shape
         self._logits, self._params = logits, params
         self._point_masses = dict(point_masses or {})
         self._rows: dict[int, torch.Tensor] = {}
-        if probs is not None:
-            self._rows = dict(enumerate(probs))
 
     @classmethod
     def of_probs(cls, probs: torch.Tensor) -> TargetRows:
         """Rows given as probabilities [k + 1, V] (not necessarily normalised)."""
-        return cls(None, None, probs=probs)
+        target = cls(probs)
+        target._rows = dict(enumerate(probs))
+        return target
 
     def probs(self, i: int) -> torch.Tensor:
         """Row ``i``'s distribution [V] (not a point mass's: those are never processed)."""
         row = self._rows.get(i)
         if row is None:
-            assert self._logits is not None and self._params is not None
+            assert self._params is not None  # of_probs holds every row already
             row = self._rows[i] = _processed(_checked(self._logits[i : i + 1]), self._params)[0]
         return row
 
@@ -424,7 +420,12 @@ class TargetRows:
         return float(self.probs(i)[token])
 
     def draw(
-        self, i: int, generator: torch.Generator, *, q: torch.Tensor | None = None, draft: int = -1
+        self,
+        i: int,
+        generator: torch.Generator,
+        *,
+        q: torch.Tensor | None = None,
+        draft: int | None = None,
     ) -> int:
         """One token from row ``i`` (with ``draft``: from the residual ``max(0, p - q)``, q None
         meaning one-hot at ``draft``), consuming one uniform. A point mass gives its token either
@@ -434,7 +435,7 @@ class TargetRows:
             _uniform(generator)  # what the draw from the one-hot row consumes
             return point
         p = self.probs(i)
-        return _draw(p if draft < 0 else _residual(p, q, draft), generator)
+        return _draw(p if draft is None else _residual(p, q, draft), generator)
 
 
 def verify_rejection(

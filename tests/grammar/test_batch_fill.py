@@ -382,6 +382,8 @@ def test_engine_outputs_do_not_depend_on_the_fill_mode() -> None:
             json_whitespace="compact",
             fill_mode=mode,  # type: ignore[arg-type]
         )
+        for guide in CASE_PARAMS:  # compiled before: all 8 requests start in the same step
+            llm.factory.compile(guide)
         params = [SamplingParams(max_tokens=24, guided_decoding=g) for g in guides]
         outputs = llm.generate([f"Record {i}:" for i in range(8)], params)
         results[mode] = [(o.token_ids, o.finish_reason, o.error) for o in outputs]

@@ -13,11 +13,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+import torch
 
 vllm = pytest.importorskip("vllm")
 
 import guidedec  # noqa: E402
 from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
+from guidedec.bitmask import apply_bitmask  # noqa: E402
 from guidedec.engine.model import export_model  # noqa: E402
 from guidedec.grammar.auto import AutoMatcherFactory  # noqa: E402
 from guidedec.integrations.vllm import GuidedLogitsProcessor  # noqa: E402
@@ -210,10 +212,15 @@ def test_served_by_vllms_openai_server(model_dir: Path) -> None:
         server.wait(timeout=60)
 
 
-def _vllm_config(model_dir: Path, options: dict[str, Any]) -> Any:
+def _vllm_config(
+    model_dir: Path, options: dict[str, Any], logprobs_mode: str = "raw_logprobs"
+) -> Any:
     """What the processor reads of vLLM's config, without starting an engine."""
     model = SimpleNamespace(
-        tokenizer=str(model_dir), trust_remote_code=False, get_vocab_size=lambda: 129280
+        tokenizer=str(model_dir),
+        trust_remote_code=False,
+        get_vocab_size=lambda: 129280,
+        logprobs_mode=logprobs_mode,
     )
     return SimpleNamespace(
         model_config=model,
@@ -239,3 +246,51 @@ def test_the_backends_are_built_when_the_processor_is(model_dir: Path) -> None:
     factory = processor.factory
     assert isinstance(factory, AutoMatcherFactory)
     assert sorted(factory._factories) == ["llguidance", "xgrammar"]
+
+
+def test_masked_logits_come_back_out_of_place_bit_for_bit(model_dir: Path) -> None:
+    """Step by step, as vLLM drives it: what ``apply`` returns is exactly the logits masked in
+    place by the step's bitmask; the structural rows went through the buffer (the logits vLLM
+    passed are left as they were), and the sampler's in-place temperature on the returned
+    tensor changes nothing later."""
+    processor = GuidedLogitsProcessor(_vllm_config(model_dir, {}), "cpu", False)
+    assert processor.mask_buffer is not None
+    outputs: list[list[int]] = [[], []]
+    guides = [{"json_schema": PERSON}, {"regex": "(yes|no)-[0-9]{2}"}]
+    added = [
+        (i, SimpleNamespace(extra_args={"guidedec": guide}), [1], outputs[i])
+        for i, guide in enumerate(guides)
+    ]
+    update: Any = vllm.v1.sample.logits_processor.BatchUpdate(2, [], added, [])
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        processor.update_state(update)
+        update = None
+        logits = torch.randn(2, 129280, generator=generator)
+        before = logits.clone()
+        masked = processor.apply(logits)
+        expected = before.clone()
+        apply_bitmask(expected, processor.bitmask[:2])
+        assert torch.equal(masked.view(torch.int32), expected.view(torch.int32))
+        if masked.data_ptr() != logits.data_ptr():
+            assert torch.equal(logits, before)
+        for row, token in enumerate(masked.argmax(dim=-1).tolist()):
+            outputs[row].append(token)
+        masked.div_(0.5)
+    assert processor.mask_buffer.buffered_calls >= 4
+    assert outputs[1][:3] and all(len(out) == 8 for out in outputs)
+
+
+def test_the_buffer_is_not_used_where_vllm_could_see_it_or_write_into_it(model_dir: Path) -> None:
+    off = GuidedLogitsProcessor(_vllm_config(model_dir, {"out_of_place": False}), "cpu", False)
+    processed = GuidedLogitsProcessor(
+        _vllm_config(model_dir, {}, logprobs_mode="processed_logprobs"), "cpu", False
+    )
+    assert off.mask_buffer is None and processed.mask_buffer is None
+    thinking = GuidedLogitsProcessor(_vllm_config(model_dir, {}), "cpu", False)
+    params = SimpleNamespace(extra_args={"guidedec": {"regex": "a"}}, thinking_token_budget=4)
+    update = vllm.v1.sample.logits_processor.BatchUpdate(1, [], [(0, params, [1], [])], [])
+    thinking.update_state(update)
+    assert thinking.mask_buffer is None
+    logits = torch.randn(1, 129280)
+    assert thinking.apply(logits) is logits

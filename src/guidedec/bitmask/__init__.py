@@ -1,6 +1,7 @@
 """Token bitmasks: layout, validity check and the kernels that apply them to logits."""
 
 from guidedec.bitmask.apply import apply_bitmask
+from guidedec.bitmask.buffer import MaskBuffer
 from guidedec.bitmask.layout import (
     BITMASK_DTYPE,
     HostRowChecker,
@@ -15,6 +16,7 @@ from guidedec.bitmask.sparse import sparse_allowed_tokens
 __all__ = [
     "BITMASK_DTYPE",
     "HostRowChecker",
+    "MaskBuffer",
     "VocabShard",
     "allocate_bitmask",
     "apply_bitmask",

@@ -55,13 +55,25 @@ def apply_bitmask(
             mismatch, or tensors on different devices.
     """
     kernel = load_kernel(resolve_backend(backend, logits.device))
+    rows, words = check_inputs(logits, bitmask, token_mask, d2t)
+    if rows.numel() == 0:
+        return
+    kernel(rows, words, token_mask, d2t)
+
+
+def check_inputs(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    token_mask: torch.Tensor | None,
+    d2t: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raise ``ValueError`` for inputs :func:`apply_bitmask` refuses; else the 2-D views
+    ``[B, V_logits]`` and ``[B, W]``."""
     rows, words = _as_rows(logits, bitmask)
     _check_token_mask(token_mask, rows.shape[0])
     check_d2t(d2t, rows.shape[1])
     _check_devices(logits, bitmask, token_mask, d2t)
-    if rows.numel() == 0:
-        return
-    kernel(rows, words, token_mask, d2t)
+    return rows, words
 
 
 def _as_rows(logits: torch.Tensor, bitmask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

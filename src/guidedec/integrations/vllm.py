@@ -13,17 +13,23 @@ with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"gu
 :class:`~guidedec.GuidedDecodingParams` (``json_schema``, ``regex``, ``ebnf``, ``lark``,
 ``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
 strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
-"auto", "json_whitespace": "compact", "fill_mode": "auto", "fill_threads": None}}``
-(``--additional-config`` on ``vllm serve``; those are the defaults, and an unknown option is an
-error).
+"auto", "json_whitespace": "compact", "fill_mode": "auto", "fill_threads": None,
+"out_of_place": True}}`` (``--additional-config`` on ``vllm serve``; those are the defaults, and
+an unknown option is an error).
 
 **The step.** vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each forward, with
 the batch's changes (requests removed, added with a live reference to their output tokens,
 moved). The processor feeds each guided request's matcher the tokens vLLM appended since, and
 starts filling the step's mask rows on a worker thread, so the build overlaps the forward, as
-in guidedec's engine; :meth:`GuidedLogitsProcessor.apply` waits for it and masks the logits with
-:func:`guidedec.bitmask.apply_bitmask`. A request that is preempted comes back as added, with
-the tokens it has: its new matcher is fed all of them.
+in guidedec's engine; :meth:`GuidedLogitsProcessor.apply` waits for it and masks the logits.
+On the CPU it returns them masked in a buffer of its own (:class:`guidedec.bitmask.MaskBuffer`),
+which stays -inf between steps, so that a row allowing a handful of tokens costs those tokens
+instead of a -inf fill of the whole vocabulary. It masks them in place instead
+(:func:`guidedec.bitmask.apply_bitmask`) where that writes less (most rows nearly all allowed),
+on a GPU, with ``"out_of_place": False``, with a ``logprobs_mode`` of ``processed_*`` (vLLM
+would return the buffer itself), and once a request sets ``thinking_token_budget`` (vLLM's
+thinking budget raises masked logits of the returned tensor). A request that is preempted
+comes back as added, with the tokens it has: its new matcher is fed all of them.
 
 **Bad guides.** :meth:`GuidedLogitsProcessor.validate_params`, which vLLM runs on every request
 before it queues it, compiles the guide (with guidedec's bundled tokenizer: a guide's syntax
@@ -50,7 +56,7 @@ import torch
 import transformers
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from guidedec.bitmask import allocate_bitmask, apply_bitmask, token_word
+from guidedec.bitmask import MaskBuffer, allocate_bitmask, apply_bitmask, token_word
 from guidedec.errors import GuidedecError
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
@@ -101,7 +107,7 @@ def _syntax_factory() -> GrammarMatcherFactory:
     )
 
 
-ENGINE_OPTIONS = ("backend", "json_whitespace", "fill_mode", "fill_threads")
+ENGINE_OPTIONS = ("backend", "json_whitespace", "fill_mode", "fill_threads", "out_of_place")
 """The keys of ``additional_config["guidedec"]`` (:class:`~guidedec.GuidedDecodingConfig`'s)."""
 
 
@@ -161,6 +167,9 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         self._stops_only = allocate_bitmask(1, self.vocab_size)
         for token in self.tokenizer.stop_token_ids:
             self._stops_only[0, token >> 5] |= token_word(token)
+        processed = str(getattr(model, "logprobs_mode", "")).startswith("processed")
+        out_of_place = bool(options.get("out_of_place", True)) and not processed
+        self.mask_buffer: MaskBuffer | None = MaskBuffer() if out_of_place else None
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-vllm-build")
         self._pending: Future[list[int]] | None = None
 
@@ -185,6 +194,8 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         token_mask = torch.zeros(logits.shape[0], dtype=torch.int32)
         token_mask[rows] = 1
         bitmask = self.bitmask[: logits.shape[0]]
+        if self.mask_buffer is not None and logits.device.type == "cpu":
+            return self.mask_buffer.apply(logits, bitmask, token_mask)
         apply_bitmask(logits, bitmask.to(logits.device), token_mask=token_mask.to(logits.device))
         return logits
 
@@ -194,6 +205,8 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         for index in update.removed:
             self.rows.pop(index, None)
         for index, params, _prompt, output in update.added:
+            if getattr(params, "thinking_token_budget", None) is not None:
+                self.mask_buffer = None  # see the module docs: mask in place from now on
             guide = guide_of(params)
             if guide is None:
                 self.rows.pop(index, None)

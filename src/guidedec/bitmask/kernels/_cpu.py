@@ -39,6 +39,7 @@ from xgrammar.kernels.apply_token_bitmask_inplace_cpu import apply_token_bitmask
 
 from guidedec.bitmask.kernels import _torch
 from guidedec.bitmask.kernels.common import (
+    NEG_INF_BITS,
     BoolArray,
     WordArray,
     bit_positions,
@@ -71,24 +72,56 @@ def apply_bitmask_inplace(
     if d2t is not None:
         _torch.apply_bitmask_inplace(logits, bitmask, token_mask, d2t)
         return
-    active = _active_rows(token_mask, logits.shape[0])
+    active = active_rows(token_mask, logits.shape[0])
     if not active.any():
         return
-    int_logits, neg_inf = int_view(logits)
-    int_array: LogitsArray = int_logits.numpy()  # shares memory and strides with logits
-    num_columns = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
-    words = covered_words(bitmask, num_columns)
-    _mask_uncovered_columns(int_array, active, num_columns, neg_inf)
-    # xgrammar's kernel reads and writes each row as if its columns were contiguous.
-    native = logits.dtype in _NATIVE_DTYPES and logits.stride(1) == 1 and bitmask.stride(1) == 1
-    divisor = _NATIVE_PATCH_DIVISOR if native else _SPARSE_DIVISOR
-    plan = plan_rows(words, num_columns, active, patch_divisor=divisor)
-    _restore_rows(int_array, words, plan.restore, num_columns, neg_inf)
-    if native:
-        _native_rows(logits, bitmask, plan.patch, num_columns)
-    else:
-        _patch_rows(int_array, words, plan.patch, num_columns, neg_inf)
-    _blend_rows(int_array, words, plan.blend, num_columns, neg_inf)
+    planned = PlannedMask.of(logits, bitmask, active)
+    planned.apply_inplace(logits, active, bitmask=bitmask)
+
+
+@dataclass(slots=True)
+class PlannedMask:
+    """A bitmask read for one apply: its words over the covered columns and each row's plan."""
+
+    words: WordArray
+    num_columns: int
+    active: BoolArray
+    plan: RowPlan
+    native: bool  # patch rows go to xgrammar's kernel
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, bitmask: torch.Tensor, active: BoolArray) -> PlannedMask:
+        num_columns = min(logits.shape[1], bitmask.shape[1] * BITS_PER_WORD)
+        words = covered_words(bitmask, num_columns)
+        # xgrammar's kernel reads and writes each row as if its columns were contiguous.
+        native = logits.dtype in _NATIVE_DTYPES and logits.stride(1) == 1 and bitmask.stride(1) == 1
+        divisor = _NATIVE_PATCH_DIVISOR if native else _SPARSE_DIVISOR
+        plan = plan_rows(words, num_columns, active, patch_divisor=divisor)
+        return cls(words, num_columns, active, plan, native)
+
+    def apply_inplace(
+        self,
+        logits: torch.Tensor,
+        rows: BoolArray,
+        *,
+        bitmask: torch.Tensor | None = None,
+        source: LogitsArray | None = None,
+    ) -> None:
+        """Mask the selected active rows of ``logits`` in place by their plan; with ``source``
+        (an integer view of other logits of the same shape), blend rows are written from it
+        instead, and the caller has copied the other selected rows. ``bitmask`` is the tensor
+        the words came from (xgrammar's kernel reads it), required for native patch rows."""
+        int_array: LogitsArray = int_view(logits)[0].numpy()  # shares memory with logits
+        neg_inf = NEG_INF_BITS[logits.dtype]
+        plan, words, num_columns = self.plan, self.words, self.num_columns
+        _mask_uncovered_columns(int_array, self.active & rows, num_columns, neg_inf)
+        _restore_rows(int_array, words, plan.restore & rows, num_columns, neg_inf)
+        if self.native:
+            assert bitmask is not None
+            _native_rows(logits, bitmask, plan.patch & rows, num_columns)
+        else:
+            _patch_rows(int_array, words, plan.patch & rows, num_columns, neg_inf)
+        _blend_rows(int_array, words, plan.blend & rows, num_columns, neg_inf, source)
 
 
 @dataclass(slots=True)
@@ -119,7 +152,8 @@ def plan_rows(
     return RowPlan(patch=patch, restore=restore, blend=active & ~restore & ~patch & (forbidden > 0))
 
 
-def _active_rows(token_mask: torch.Tensor | None, num_rows: int) -> BoolArray:
+def active_rows(token_mask: torch.Tensor | None, num_rows: int) -> BoolArray:
+    """``[B]`` bool: the rows ``token_mask`` selects (every row without one)."""
     if token_mask is None:
         return np.ones(num_rows, dtype=np.bool_)
     return np.asarray(token_mask.numpy() != 0, dtype=np.bool_)
@@ -167,10 +201,16 @@ def _native_rows(
 
 
 def _blend_rows(
-    int_array: LogitsArray, words: WordArray, rows: BoolArray, num_columns: int, neg_inf: int
+    int_array: LogitsArray,
+    words: WordArray,
+    rows: BoolArray,
+    num_columns: int,
+    neg_inf: int,
+    source: LogitsArray | None = None,
 ) -> None:
     """Each selected row, in one branch-free pass: ``(row & keep) | (-inf & ~keep)``, with
-    ``keep`` (0 or -1 per column) looked up eight columns at a time from the bitmask's bytes."""
+    ``keep`` (0 or -1 per column) looked up eight columns at a time from the bitmask's bytes;
+    with ``source``, the row is read from there (``int_array``'s row is only written)."""
     row_ids = np.flatnonzero(rows).tolist()
     if not row_ids:
         return
@@ -183,8 +223,9 @@ def _blend_rows(
     word_bytes = words.view(np.uint8)  # little-endian words: byte k holds columns 8k to 8k + 7
     for row_id in row_ids:
         row = int_array[row_id, :num_columns]
+        read = row if source is None else source[row_id, :num_columns]
         np.take(table, word_bytes[row_id, :num_bytes], axis=0, out=keep_bytes)
-        np.bitwise_and(row, keep, out=row)
+        np.bitwise_and(read, keep, out=row)
         np.invert(keep, out=keep)
         np.bitwise_and(keep, neg, out=keep)
         np.bitwise_or(row, keep, out=row)

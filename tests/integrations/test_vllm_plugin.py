@@ -118,8 +118,8 @@ def test_a_bad_guide_is_refused_before_it_is_queued(engine: Any) -> None:
     refused = (ValueError, vllm.exceptions.VLLMValidationError)
     with pytest.raises(refused, match=r"invalid guide.*unterminated character class"):
         engine.generate(["x"], _params({"regex": "[unclosed"}), use_tqdm=False)
-    with pytest.raises(refused, match="close_within_budget"):
-        engine.generate(["x"], _params({"regex": "a", "close_within_budget": True}))
+    with pytest.raises(refused, match="close_within_budget must be true or false"):
+        engine.generate(["x"], _params({"regex": "a", "close_within_budget": "yes"}))
     with pytest.raises(refused, match="unexpected keyword"):
         engine.generate(["x"], _params({"regexp": "a"}))
     assert _texts(engine, ["x"], _params({"regex": "a+b"}))[0].finish_reason == "stop"
@@ -294,3 +294,61 @@ def test_the_buffer_is_not_used_where_vllm_could_see_it_or_write_into_it(model_d
     assert thinking.mask_buffer is None
     logits = torch.randn(1, 129280)
     assert thinking.apply(logits) is logits
+
+
+OPEN_ENDED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "tags"],
+}
+
+
+def test_budget_closing_ends_outputs_complete_within_max_tokens(engine: Any) -> None:
+    """Sampled at temperature 1, tiny-random writes strings until its budget runs out; with
+    ``close_within_budget`` every output ends complete and valid within ``max_tokens``."""
+
+    def run(closing: bool, budget: int) -> list[Any]:
+        guide = {"json_schema": OPEN_ENDED, "close_within_budget": closing}
+        params = [
+            vllm.SamplingParams(
+                max_tokens=budget, temperature=1.0, seed=i, extra_args={"guidedec": guide}
+            )
+            for i in range(4)
+        ]
+        prompts = [f"Item {i}:" for i in range(4)]
+        return [out.outputs[0] for out in engine.generate(prompts, params, use_tqdm=False)]
+
+    cut = [out.finish_reason for budget in (16, 32) for out in run(False, budget)]
+    assert "length" in cut  # without closing, outputs run out of budget
+    for budget in (16, 32):
+        for out in run(True, budget):
+            assert out.finish_reason == "stop" and len(out.token_ids) <= budget, out
+            jsonschema.validate(json.loads(out.text), OPEN_ENDED)
+
+
+def test_closing_slots_follow_requests_through_moves_and_come_back(model_dir: Path) -> None:
+    processor = GuidedLogitsProcessor(
+        _vllm_config(model_dir, {"backend": "xgrammar"}), "cpu", False
+    )
+    closing = SimpleNamespace(
+        extra_args={"guidedec": {"regex": "a+", "close_within_budget": True}}, max_tokens=8
+    )
+    plain = SimpleNamespace(extra_args={"guidedec": {"regex": "a+"}}, max_tokens=8)
+    batch = vllm.v1.sample.logits_processor.BatchUpdate
+    swap = vllm.v1.sample.logits_processor.MoveDirectionality.SWAP
+    one_way = vllm.v1.sample.logits_processor.MoveDirectionality.UNIDIRECTIONAL
+    processor.update_state(batch(2, [], [(0, closing, [1, 2], []), (1, plain, [1], [])], []))
+    first = processor.rows[0].closing_slot
+    assert first is not None and processor.rows[1].closing_slot is None
+    assert processor.rows[0].budget == 8
+    processor.update_state(batch(2, [], [], [(0, 1, swap)]))
+    assert processor.rows[1].closing_slot == first  # the slot moved with its request
+    processor.update_state(batch(2, [], [(0, closing, [1], [])], [(0, 1, one_way)]))
+    # the one-way move replaced the first closing request: its slot is free again
+    assert processor.rows[1].closing_slot != first and 0 not in processor.rows
+    assert first in processor._free_slots
+    processor.update_state(batch(0, [1], [], []))
+    assert sorted(processor._free_slots) == [0, 1]

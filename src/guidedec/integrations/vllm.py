@@ -38,8 +38,15 @@ server answers with HTTP 400. A guide that still fails later (for the model's ow
 a token the matcher refuses, leaves that request only its stop tokens: it ends at once, and the
 failure is logged.
 
-Budget-aware closing is not available inside vLLM (``close_within_budget: true`` is refused):
-vLLM cuts outputs at ``max_tokens`` as usual.
+**Budget-aware closing** (:mod:`guidedec.decoder.closing`) is a per-request option here,
+``"close_within_budget": true`` beside the guide, off by default (vLLM cuts outputs at
+``max_tokens`` as usual). Near the end of the request's budget (``max_tokens``, or the context)
+the processor finds a short completion of the guide and, once the budget leaves no more room,
+allows only its next token, so the output ends complete. vLLM samples after the processor, so
+the check that guidedec's engine makes of each sampled token (drawn again when no completion
+fits after it) cannot run here: a token sampled with little room left that commits the output
+to a longer completion (a further array item) can still leave it ``length``. Each
+request's slot in the closer is its own, kept while vLLM moves it in the batch.
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ import transformers
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from guidedec.bitmask import MaskBuffer, allocate_bitmask, apply_bitmask, token_word
-from guidedec.errors import GuidedecError
+from guidedec.decoder.closing import BudgetCloser
+from guidedec.decoder.request import GuidedRequest
+from guidedec.errors import REQUEST_ERRORS, GuidedecError
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
@@ -65,7 +74,7 @@ from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.tokenizer import TokenizerInfo
 
-__all__ = ["EXTRA_KEY", "GuidedLogitsProcessor", "guide_of"]
+__all__ = ["EXTRA_KEY", "GuidedLogitsProcessor", "guide_of", "request_options"]
 
 EXTRA_KEY = "guidedec"
 """The key of ``SamplingParams.extra_args`` that holds a request's guide."""
@@ -77,11 +86,22 @@ def guide_of(params: Any) -> GuidedDecodingParams | None:
     """The guide in a vLLM ``SamplingParams``'s ``extra_args["guidedec"]``, None if it has none.
 
     Raises:
-        ValueError: the entry is not an object of ``GuidedDecodingParams`` fields.
+        ValueError: the entry is not an object of ``GuidedDecodingParams`` fields (and
+            ``close_within_budget``).
+    """
+    return request_options(params)[0]
+
+
+def request_options(params: Any) -> tuple[GuidedDecodingParams | None, bool]:
+    """The guide in ``extra_args["guidedec"]`` (None if it has none) and whether the request
+    asks for budget-aware closing (``close_within_budget``, default False inside vLLM).
+
+    Raises:
+        ValueError: as :func:`guide_of` does.
     """
     extra = (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
     if extra is None:
-        return None
+        return None, False
     if isinstance(extra, str):
         try:
             extra = json.loads(extra)
@@ -90,12 +110,13 @@ def guide_of(params: Any) -> GuidedDecodingParams | None:
     if not isinstance(extra, Mapping):
         raise ValueError(f"extra_args[{EXTRA_KEY!r}] must be an object, got {type(extra).__name__}")
     fields = dict(extra)
-    if fields.pop("close_within_budget", False):
+    closing = fields.pop("close_within_budget", False)
+    if not isinstance(closing, bool):
         raise ValueError(
-            f"extra_args[{EXTRA_KEY!r}].close_within_budget is not supported inside vLLM"
+            f"extra_args[{EXTRA_KEY!r}].close_within_budget must be true or false, got {closing!r}"
         )
     try:
-        return GuidedDecodingParams(**fields)
+        return GuidedDecodingParams(**fields), closing
     except (TypeError, ValueError) as exc:
         raise ValueError(f"extra_args[{EXTRA_KEY!r}]: {exc}") from None
 
@@ -119,6 +140,8 @@ class _Row:
     output: list[int]  # vLLM's own list of the request's output tokens, which it appends to
     matcher: GrammarMatcher | None  # None: its guide failed; only stop tokens are left
     fed: int = 0  # of ``output``, the tokens the matcher has accepted
+    closing_slot: int | None = None  # its slot in the processor's BudgetCloser, when it closes
+    budget: int | None = None  # tokens it may emit in all: max_tokens, or what the context holds
 
 
 class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is optional
@@ -170,6 +193,10 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         processed = str(getattr(model, "logprobs_mode", "")).startswith("processed")
         out_of_place = bool(options.get("out_of_place", True)) and not processed
         self.mask_buffer: MaskBuffer | None = MaskBuffer() if out_of_place else None
+        self.max_model_len = int(getattr(model, "max_model_len", 0) or 0)
+        self._num_slots = int(vllm_config.scheduler_config.max_num_seqs)
+        self._closer: BudgetCloser | None = None  # built by the first request that closes
+        self._free_slots = list(range(self._num_slots - 1, -1, -1))
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-vllm-build")
         self._pending: Future[list[int]] | None = None
 
@@ -203,21 +230,43 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
 
     def _update_rows(self, update: BatchUpdate) -> None:
         for index in update.removed:
-            self.rows.pop(index, None)
-        for index, params, _prompt, output in update.added:
+            self._drop(self.rows.pop(index, None))
+        for index, params, prompt, output in update.added:
             if getattr(params, "thinking_token_budget", None) is not None:
                 self.mask_buffer = None  # see the module docs: mask in place from now on
-            guide = guide_of(params)
+            self._drop(self.rows.pop(index, None))  # an added request may replace another
+            guide, closing = request_options(params)
             if guide is None:
-                self.rows.pop(index, None)
                 continue
-            self.rows[index] = _Row(guide, output, self._matcher(guide))
+            row = _Row(guide, output, self._matcher(guide))
+            if closing and self._free_slots:
+                row.closing_slot = self._free_slots.pop()
+                row.budget = self._budget(params, len(prompt or ()))
+            self.rows[index] = row
         for a, b, direction in update.moved:
             row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
             if row_a is not None:
                 self.rows[b] = row_a
-            if direction is MoveDirectionality.SWAP and row_b is not None:
-                self.rows[a] = row_b
+            if direction is MoveDirectionality.SWAP:
+                if row_b is not None:
+                    self.rows[a] = row_b
+            else:
+                self._drop(row_b)  # a one-way move replaces what was at b
+
+    def _budget(self, params: Any, prompt_len: int) -> int | None:
+        """The tokens a request may emit in all: ``max_tokens``, or what the context holds."""
+        limits = [int(params.max_tokens)] if getattr(params, "max_tokens", None) else []
+        if self.max_model_len:
+            limits.append(self.max_model_len - prompt_len)
+        return min(limits) if limits else None
+
+    def _drop(self, row: _Row | None) -> None:
+        """A row leaves the batch: its closing slot is free again."""
+        if row is not None and row.closing_slot is not None:
+            if self._closer is not None:
+                self._closer.forget(row.closing_slot)
+            self._free_slots.append(row.closing_slot)
+            row.closing_slot = None
 
     def _matcher(self, guide: GuidedDecodingParams) -> GrammarMatcher | None:
         try:
@@ -231,10 +280,11 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         fill; the rows filled."""
         matchers: list[GrammarMatcher] = []
         indices: list[int] = []
+        closing: list[tuple[int, GuidedRequest]] = []
         for index, row in self.rows.items():
-            matcher = row.matcher
+            matcher, new = row.matcher, row.output[row.fed :]
             if matcher is not None:
-                for token in row.output[row.fed :]:
+                for token in new:
                     if matcher.is_terminated():
                         break
                     if not matcher.accept_token(token):
@@ -244,13 +294,45 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
                 row.fed = len(row.output)
             if matcher is None or matcher.is_terminated():
                 self.bitmask[index] = self._stops_only[0]
-            else:
-                matchers.append(matcher)
-                indices.append(index)
+                continue
+            matchers.append(matcher)
+            indices.append(index)
+            if row.closing_slot is not None and row.budget is not None:
+                closing.append((index, self._closing_request(row, new)))
         errors = self._filler.fill(matchers, self.bitmask, indices)
         for index, error in zip(indices, errors, strict=True):
             if error is not None:  # this request ends; the others go on
                 logger.error("guidedec: a mask fill failed; the request ends: %s", error)
                 self.rows[index].matcher = None
                 self.bitmask[index] = self._stops_only[0]
+        self._close(closing)
         return list(self.rows)
+
+    def _closing_request(self, row: _Row, new: list[int]) -> GuidedRequest:
+        """What the closer reads of a closing row this step; a row whose matcher took more than
+        one token since the last step (a preempted request back) has its witness replayed."""
+        assert row.closing_slot is not None and row.budget is not None
+        closer = self._closer
+        if closer is None:
+            closer = self._closer = BudgetCloser(self.tokenizer, self._num_slots)
+        if len(new) > 1:
+            closer.moved(row.closing_slot)
+        return GuidedRequest(
+            row.guide,
+            request_id=row.closing_slot,
+            seq_slot=row.closing_slot,
+            new_token=new[-1] if len(new) == 1 else None,
+            tokens_left=row.budget - len(row.output),
+        )
+
+    def _close(self, closing: list[tuple[int, GuidedRequest]]) -> None:
+        """Budget-aware closing of the filled rows that ask for it (see the module docs)."""
+        words = self.bitmask.numpy()
+        for index, req in closing:
+            matcher = self.rows[index].matcher
+            if matcher is None or self._closer is None:
+                continue
+            try:
+                self._closer.close(req, matcher, words[index])
+            except REQUEST_ERRORS:  # the search only reads: a failing backend call ends it
+                self._closer.forget(req.seq_slot)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import pytest
@@ -352,3 +352,45 @@ def test_closing_slots_follow_requests_through_moves_and_come_back(model_dir: Pa
     assert first in processor._free_slots
     processor.update_state(batch(0, [1], [], []))
     assert sorted(processor._free_slots) == [0, 1]
+
+
+class _RecordingProcessor(GuidedLogitsProcessor):
+    """Records how many output tokens each request brings when vLLM adds it to the batch."""
+
+    added: ClassVar[list[int]] = []
+
+    def update_state(self, batch_update: Any) -> None:
+        if batch_update is not None:
+            self.added.extend(len(output) for _, _, _, output in batch_update.added)
+        super().update_state(batch_update)
+
+
+def test_preempted_requests_come_back_with_their_tokens(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KV cache of about 300 tokens for eight requests of 200 characters: vLLM preempts some
+    and adds them again later with the tokens they had. Each gets a new matcher fed those tokens
+    (its mask goes on from where the output is): every output is exactly 200 characters of the
+    guide's class, which a matcher fed too few or too many tokens would break."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the processor in this process
+    _RecordingProcessor.added.clear()
+    llm = vllm.LLM(
+        str(model_dir),
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=8,
+        enforce_eager=True,
+        kv_cache_memory_bytes=700_000,
+        block_size=32,
+        seed=0,
+        logits_processors=[_RecordingProcessor],
+    )
+    try:
+        guide = {"regex": "[a-z ]{200}"}
+        params = vllm.SamplingParams(max_tokens=120, temperature=0, extra_args={"guidedec": guide})
+        outputs = _texts(llm, [f"Request {i}:" for i in range(8)], params)
+    finally:
+        del llm
+    assert any(count > 0 for count in _RecordingProcessor.added), "vLLM preempted nothing"
+    for out in outputs:
+        assert out.finish_reason == "stop" and re.fullmatch("[a-z ]{200}", out.text), out

@@ -199,3 +199,52 @@ def test_rows_without_logits_are_zeros_and_the_others_unchanged(
         assert full.num_cached(slot) == skipping.num_cached(slot)
     with pytest.raises(ValueError, match="no_logits"):
         full.forward([ForwardInput(0, [1, 2], 2, (2,))])
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_sparse_logits_rows_are_exact_at_their_columns_and_zeros_elsewhere(
+    model64: LoadedModel, seed: int
+) -> None:
+    """A ``sparse_logits`` row is the full forward's row at its columns (the lm_head of those
+    columns alone) and zeros elsewhere; rows without logits and full rows are as before."""
+    rng = random.Random(seed)
+    full = BatchedModelRunner(model64, max_num_seqs=SLOTS)
+    sparse = BatchedModelRunner(model64, max_num_seqs=SLOTS)
+    vocab = full.vocab_size
+    for _ in range(4):
+        inputs = _step_inputs(rng, [full.num_cached(s) for s in range(SLOTS)])
+        asked = []
+        for i in inputs:
+            rows = list(range(i.num_logits))
+            rng.shuffle(rows)
+            skip = tuple(rows[: rng.randint(0, len(rows) // 2)])
+            few = tuple(
+                (j, tuple(sorted(rng.sample(range(vocab), rng.randint(1, 40)))))
+                for j in rows[len(skip) :]
+                if rng.random() < 0.6
+            )
+            asked.append(ForwardInput(i.slot, i.token_ids, i.num_logits, skip, few))
+        expected, actual = full.forward(inputs), sparse.forward(asked)
+        row = 0
+        for item in asked:
+            columns = dict(item.sparse_logits)
+            for j in range(item.num_logits):
+                got, want = actual[row + j], expected[row + j]
+                if j in item.no_logits:
+                    assert not got.any()
+                elif j in columns:
+                    ids = torch.tensor(columns[j])
+                    torch.testing.assert_close(got[ids], want[ids], rtol=0, atol=1e-12)
+                    rest = torch.ones(vocab, dtype=torch.bool)
+                    rest[ids] = False
+                    assert not got[rest].any()
+                else:
+                    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+            row += item.num_logits
+    with pytest.raises(ValueError, match="sparse_logits rows"):
+        full.forward([ForwardInput(0, [1, 2], 2, (1,), ((1, (3,)),))])
+    with pytest.raises(ValueError, match="sparse_logits token outside"):
+        full.forward([ForwardInput(0, [1, 2], 2, (), ((1, (vocab,)),))])

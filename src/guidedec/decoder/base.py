@@ -478,6 +478,12 @@ class BaseGuidedDecoder(RowFilling):
                 single[row] = 32 * word + int(words[row, word]).bit_length() - 1
         return single
 
+    def sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
+        """The allowed token ids (int64, ascending) of those of ``rows`` whose mask, filled by
+        the last build, allows at most ``max_allowed`` tokens, by row (the masks stay)."""
+        filled = [row for row in rows if self._token_mask_np[row]]
+        return sparse_allowed_tokens(self.bitmask_host, filled, self.vocab_size, max_allowed)
+
     def take_sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
         """Hand over the masks of the given rows of this batch that the last build filled and
         that allow at most ``max_allowed`` tokens, as their allowed token ids (int64, ascending),

@@ -19,7 +19,8 @@ tensors (:mod:`guidedec.engine.graphs`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,49 @@ def _with_zero_rows(logits: torch.Tensor, inputs: Sequence[ForwardInput]) -> tor
     full = logits.new_zeros(row, logits.shape[-1])
     full[torch.tensor(kept, dtype=torch.long, device=logits.device)] = logits
     return full
+
+
+def _sparse_rows(inputs: Sequence[ForwardInput]) -> dict[int, tuple[int, ...]]:
+    """The rows of the returned logits (rows asked for, ``no_logits`` left out) whose
+    ``sparse_logits`` columns are all the caller reads, with those columns."""
+    sparse: dict[int, tuple[int, ...]] = {}
+    kept = 0
+    for item in inputs:
+        columns = dict(item.sparse_logits)
+        for j in range(item.num_logits):
+            if j in item.no_logits:
+                continue
+            if j in columns:
+                sparse[kept] = columns[j]
+            kept += 1
+    return sparse
+
+
+@contextmanager
+def _sparse_head(head: torch.nn.Linear, sparse: dict[int, tuple[int, ...]]) -> Iterator[None]:
+    """While in effect, ``head`` (the model's ``lm_head``, a linear layer) computes the rows of
+    ``sparse`` at their columns alone, zeros elsewhere: a row of the ``lm_head`` costs
+    ``hidden * vocab`` multiply-adds, a handful of columns next to nothing."""
+    weight, bias = head.weight, head.bias
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        out = rows.new_zeros(rows.shape[0], weight.shape[0])
+        dense = [r for r in range(rows.shape[0]) if r not in sparse]
+        if dense:
+            index = torch.tensor(dense, dtype=torch.long, device=rows.device)
+            out[index] = torch.nn.functional.linear(rows[index], weight, bias)
+        for row, columns in sparse.items():
+            ids = torch.tensor(columns, dtype=torch.long, device=rows.device)
+            part_bias = None if bias is None else bias[ids]
+            out[row, ids] = torch.nn.functional.linear(rows[row], weight[ids], part_bias)
+        return out.reshape(*hidden.shape[:-1], weight.shape[0])
+
+    head.forward = forward  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 def pack_inputs(
@@ -190,7 +234,13 @@ class BatchedModelRunner(SlotRunner):
         starts = [self._lengths[item.slot] for item in inputs]
         self.cache.reserve(max(s + len(i.token_ids) for s, i in zip(starts, inputs, strict=True)))
         batch = pack_inputs(inputs, starts, device=self.model.device, dtype=self.model.dtype)
-        logits = self.forward_packed(batch)
+        sparse = _sparse_rows(inputs)
+        head = getattr(self.model.model, "lm_head", None)
+        if sparse and isinstance(head, torch.nn.Linear):
+            with _sparse_head(head, sparse):
+                logits = self.forward_packed(batch)
+        else:
+            logits = self.forward_packed(batch)
         for item in inputs:
             self.advance(item.slot, len(item.token_ids))
         if any(item.no_logits for item in inputs):

@@ -265,14 +265,24 @@ class EngineCore:
         a sampling request's verification reads those rows as point masses at their token
         (``_point_masses``), without processing them."""
         out, row = [], 0
+        limit = max(1, self.tokenizer.vocab_size // 32)
         for s, item in zip(batch, inputs, strict=True):
+            rows = range(row, row + item.num_logits)
+            single: dict[int, int] = {}
             if _verifies(s):
-                rows = range(row, row + item.num_logits)
                 single = {r - row: token for r, token in decoder.single_token_rows(rows).items()}
                 if single:
                     item = dataclasses.replace(item, no_logits=tuple(single))
                     self.stats.rows_without_logits += len(single)
                     self._point_masses[s.request.request_id] = single
+            sparse = tuple(
+                (r - row, tuple(ids.tolist()))
+                for r, ids in decoder.sparse_rows(rows, limit).items()
+                if r - row not in single
+            )
+            if sparse:
+                item = dataclasses.replace(item, sparse_logits=sparse)
+                self.stats.rows_with_sparse_logits += len(sparse)
             out.append(item)
             row += item.num_logits
         return out

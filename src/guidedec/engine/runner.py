@@ -38,12 +38,17 @@ class ForwardInput:
         no_logits: Rows of those (``0 <= j < num_logits``) whose logits the caller will not
             read (a row its guide narrows to one token); a runner may skip their ``lm_head``
             and return zeros there.
+        sparse_logits: ``(row, token ids)`` pairs: rows whose logits the caller reads at those
+            columns only (a row its guide narrows to a few tokens: the mask sets the others to
+            -inf); a runner may compute those columns of the ``lm_head`` alone and return
+            zeros in the others.
     """
 
     slot: int
     token_ids: Sequence[int]
     num_logits: int = 1
     no_logits: tuple[int, ...] = ()
+    sparse_logits: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,16 @@ class SlotRunner(ABC):
             raise ValueError(
                 f"slot {item.slot}: no_logits {item.no_logits} outside [0, {item.num_logits})"
             )
+        sparse_rows = [j for j, _ in item.sparse_logits]
+        if any(not 0 <= j < item.num_logits or j in item.no_logits for j in sparse_rows) or len(
+            set(sparse_rows)
+        ) != len(sparse_rows):
+            raise ValueError(
+                f"slot {item.slot}: sparse_logits rows {sparse_rows} must be distinct rows in "
+                f"[0, {item.num_logits}) outside no_logits"
+            )
+        if any(not 0 <= t < self.vocab_size for _, ids in item.sparse_logits for t in ids):
+            raise ValueError(f"slot {item.slot}: a sparse_logits token outside the vocabulary")
         total = self._lengths[item.slot] + n
         if total > self.max_len:
             raise ValueError(

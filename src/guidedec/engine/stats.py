@@ -40,6 +40,7 @@ class EngineStats:
     forced_draft_tokens: int = 0  # drafts jump-forward proposed (tokens the grammar forced)
     accepted_forced_tokens: int = 0  # of them, accepted by verification
     rows_without_logits: int = 0  # verification rows whose mask allowed one token: no lm_head
+    rows_with_sparse_logits: int = 0  # rows whose mask allowed few tokens: lm_head at those
     invalid_outputs: int = 0  # complete outputs that broke their JSON schema (grammar_error)
     paced_requests: int = 0  # times a request's slow masks made it sit out steps (pacing)
     steps_sat_out: int = 0  # steps requests sat out, summed over the requests

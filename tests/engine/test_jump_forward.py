@@ -209,3 +209,42 @@ def test_forced_rows_skip_the_lm_head_and_change_nothing(
         llm.close()
     assert runs[True][:2] == runs[False][:2]
     assert runs[True][2] > 0 and runs[False][2] == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sparse_rows_take_the_lm_head_of_their_columns_and_change_nothing(
+    temperature: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a step that verifies drafts, a row whose mask allows few tokens (xgrammar allows
+    several splits of forced text; a structural position a handful of tokens) gets the lm_head
+    of those columns alone: the outputs, sampled or greedy, and their log-probabilities are
+    those of a run that computes every row in full."""
+    guides: list[GuidedDecodingParams | None] = [GUIDES["json"], GUIDES["choice"], None]
+    params = [
+        SamplingParams(
+            max_tokens=60, temperature=temperature, seed=i, logprobs=2, guided_decoding=g
+        )
+        for i, g in enumerate(guides)
+    ]
+    runs = {}
+    for sparse in (True, False):
+        llm = LLM(
+            "tiny-random",
+            backend="xgrammar",
+            max_num_seqs=3,
+            dtype=torch.float64,
+            json_whitespace="compact",
+            jump_forward=True,
+            isolate_compiles=False,
+        )
+        if not sparse:
+            monkeypatch.setattr(llm.decoder, "sparse_rows", lambda rows, limit: {})
+        outputs = llm.generate([f"Record {i}:" for i in range(3)], params)
+        runs[sparse] = (
+            [o.token_ids for o in outputs],
+            [[(e.token_id, round(e.logprob, 9)) for e in o.logprobs or []] for o in outputs],
+            llm.stats.rows_with_sparse_logits,
+        )
+        llm.close()
+    assert runs[True][:2] == runs[False][:2]
+    assert runs[True][2] > 0 and runs[False][2] == 0

@@ -167,9 +167,9 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--jump-forward",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=None,
         help="propose the tokens a guide forces as draft tokens, verified in one forward "
-        "(outputs unchanged; default: off)",
+        "(outputs unchanged; default: on, except with a draft model or --cuda-graphs)",
     )
     run.add_argument(
         "--reasoning-parser",

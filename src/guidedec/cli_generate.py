@@ -131,7 +131,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             max_model_len=getattr(args, "max_model_len", None),
             mask_time_limit_ms=_mask_time_limit(getattr(args, "mask_time_limit_ms", 20.0)),
             compile_cache_dir=getattr(args, "compile_cache_dir", None),
-            jump_forward=getattr(args, "jump_forward", False),
+            jump_forward=getattr(args, "jump_forward", None),
             reasoning_parser=getattr(args, "reasoning_parser", None),
         )
     except (OSError, ValueError) as exc:

@@ -109,7 +109,9 @@ WORD_SCHEMA = {
 
 
 def _run(steer: bool) -> list[Any]:
-    llm = LLM("tiny-random", backend="xgrammar", max_num_seqs=32)
+    # A steered request proposes no drafts: with jump-forward, a sampled output keeps its
+    # distribution but not its tokens, so both runs decode one token per step.
+    llm = LLM("tiny-random", backend="xgrammar", max_num_seqs=32, jump_forward=False)
     if not steer:
         llm.steering.applies = lambda *_: False  # type: ignore[method-assign]
     params = [

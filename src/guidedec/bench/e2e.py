@@ -1,7 +1,8 @@
 """End-to-end generated tokens/s of ``guidedec.LLM``: unguided vs guided by a JSON schema, the
 guided engine building its masks after the forward ("sequential") or while it runs
-("overlapped", the default), and overlapped with ``jump_forward=True`` ("jump-forward": the
-grammar's forced tokens proposed as drafts; a second engine with the same weights); against
+("overlapped", with ``jump_forward=False``), and overlapped with jump-forward, the default
+("jump-forward": the grammar's forced tokens proposed as drafts; a second engine with the same
+weights); against
 ``transformers`` ``model.generate`` running guidedec's
 ``GuidedLogitsProcessor`` on a left-padded batch of the same prompts, same weights and same
 tokens per request ("transformers"); and the peak RSS of a guided batch with the batched runner
@@ -267,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     args.batches = sorted(set(args.batches))
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    llm = LLM("tiny-random", backend=args.backend, max_num_seqs=max(args.batches))
+    llm = LLM(
+        "tiny-random", backend=args.backend, max_num_seqs=max(args.batches), jump_forward=False
+    )
     jumper = LLM(
         "tiny-random", backend=args.backend, max_num_seqs=max(args.batches), jump_forward=True
     )

@@ -46,6 +46,7 @@ def run_mode(args: argparse.Namespace, cuda_graphs: bool) -> dict[str, Any]:
         device=args.device,
         dtype=args.dtype,
         cuda_graphs=cuda_graphs,
+        jump_forward=False,  # graphs against eager steps alike (a verifying step runs eagerly)
     )
     guide = GuidedDecodingParams(json_schema=person_array_schema(args.tokens))
     prompts = [f"Record {i}: a person, as JSON." for i in range(args.batch)]

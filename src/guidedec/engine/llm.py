@@ -51,7 +51,9 @@ class LLM(EngineCore):
             verified with the new token in one forward (see
             :class:`guidedec.engine.speculative.JumpForwardSpeculator`); outputs are unchanged
             (greedy: token for token). With ``speculative="ngram"`` the n-gram drafts follow
-            the forced ones; not with a draft model. Off by default.
+            the forced ones; not with a draft model. None (default): on, except with a draft
+            model, with ``cuda_graphs`` (a step that verifies runs eagerly), or where
+            ``max_num_tokens`` cannot hold ``num_draft_tokens`` drafts for every sequence.
         device, dtype: Where and in which precision the model runs (default CPU, float32).
         seed: Seed of the ``tiny-random`` weights.
         compile_timeout_s: A guide that takes longer to compile fails its request.
@@ -110,10 +112,16 @@ class LLM(EngineCore):
         guide_limits: GuideLimits | None = None,
         mask_time_limit_ms: float | None = 20.0,
         compile_cache_dir: str | os.PathLike[str] | None = None,
-        jump_forward: bool = False,
+        jump_forward: bool | None = None,
         reasoning_parser: ReasoningParserName | None = None,
     ) -> None:
         spec = parse_speculative(speculative)
+        if jump_forward is None:  # on, unless a draft model drafts, graphs are to be replayed
+            # or the step's token budget cannot hold the drafts
+            roomy = max_num_tokens is None or max_num_tokens >= max_num_seqs * (
+                1 + num_draft_tokens
+            )
+            jump_forward = (spec is None or spec[0] == "ngram") and not cuda_graphs and roomy
         if jump_forward and spec is not None and spec[0] != "ngram":
             raise ValueError(
                 "jump_forward works alone or with speculative='ngram', not a draft model"

@@ -14,7 +14,9 @@ until the whole output is closed.
 
 When every draw breaks the schema the output cannot be made valid: the engine ends it with
 ``grammar_error`` at once, naming the keyword and the path. A steered request proposes no draft
-tokens (each of its tokens is checked). Outputs that never break the schema are unchanged.
+tokens (each of its tokens is checked). Outputs that never break the schema are unchanged:
+token for token when greedy or without jump-forward; with jump-forward a sampled output keeps
+its distribution, not its tokens (an unsteered request's verification draws other uniforms).
 """
 
 from __future__ import annotations

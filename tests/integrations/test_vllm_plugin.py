@@ -232,6 +232,8 @@ def _vllm_config(
 def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"does not know: \['fil_mode'\]"):
         GuidedLogitsProcessor(_vllm_config(model_dir, {"fil_mode": "auto"}), "cpu", False)
+    with pytest.raises(ValueError, match="out_of_place must be true or false"):
+        GuidedLogitsProcessor(_vllm_config(model_dir, {"out_of_place": "no"}), "cpu", False)
     processor = GuidedLogitsProcessor(
         _vllm_config(model_dir, {"fill_mode": "sequential", "backend": "llguidance"}), "cpu", False
     )

@@ -191,7 +191,13 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         for token in self.tokenizer.stop_token_ids:
             self._stops_only[0, token >> 5] |= token_word(token)
         processed = str(getattr(model, "logprobs_mode", "")).startswith("processed")
-        out_of_place = bool(options.get("out_of_place", True)) and not processed
+        out_of_place = options.get("out_of_place", True)
+        if not isinstance(out_of_place, bool):
+            raise ValueError(
+                f"additional_config[{EXTRA_KEY!r}].out_of_place must be true or false, "
+                f"got {out_of_place!r}"
+            )
+        out_of_place = out_of_place and not processed
         self.mask_buffer: MaskBuffer | None = MaskBuffer() if out_of_place else None
         self.max_model_len = int(getattr(model, "max_model_len", 0) or 0)
         self._num_slots = int(vllm_config.scheduler_config.max_num_seqs)

@@ -173,13 +173,23 @@ def test_verified_drafts_keep_what_closing_learned() -> None:
     assert no_fit[True] == no_fit[False] == 4
 
 
+NARROWED = {
+    # llguidance narrows forced text to the tokenizer's own split: one token, no logits
+    "one token": ("llguidance", "single_token_rows", "rows_without_logits"),
+    # xgrammar allows several splits; structural positions a handful of tokens: those columns
+    "few tokens": ("xgrammar", "sparse_rows", "rows_with_sparse_logits"),
+}
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_forced_rows_skip_the_lm_head_and_change_nothing(
-    temperature: float, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("narrowed", sorted(NARROWED))
+def test_narrowed_rows_take_less_of_the_lm_head_and_change_nothing(
+    narrowed: str, temperature: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A verification row whose mask allows one token gets no logits (llguidance narrows forced
-    text to the tokenizer's own split): the outputs, sampled or greedy, and their
-    log-probabilities are those of a run that computes every row."""
+    """In a step that verifies drafts, a row whose mask allows one token gets no logits, and a
+    row whose mask allows few gets the lm_head of those columns alone: the outputs, sampled or
+    greedy, and their log-probabilities are those of a run that computes every row in full."""
+    backend, finder, counter = NARROWED[narrowed]
     guides: list[GuidedDecodingParams | None] = [GUIDES["json"], GUIDES["choice"], None]
     params = [
         SamplingParams(
@@ -188,62 +198,23 @@ def test_forced_rows_skip_the_lm_head_and_change_nothing(
         for i, g in enumerate(guides)
     ]
     runs = {}
-    for skip in (True, False):
+    for narrow in (True, False):
         llm = LLM(
             "tiny-random",
-            backend="llguidance",
+            backend=backend,
             max_num_seqs=3,
             dtype=torch.float64,
             json_whitespace="compact",
             jump_forward=True,
             isolate_compiles=False,
         )
-        if not skip:
-            monkeypatch.setattr(llm.decoder, "single_token_rows", lambda rows: {})
+        if not narrow:
+            monkeypatch.setattr(llm.decoder, finder, lambda *args: {})
         outputs = llm.generate([f"Record {i}:" for i in range(3)], params)
-        runs[skip] = (
+        runs[narrow] = (
             [o.token_ids for o in outputs],
             [[(e.token_id, round(e.logprob, 9)) for e in o.logprobs or []] for o in outputs],
-            llm.stats.rows_without_logits,
-        )
-        llm.close()
-    assert runs[True][:2] == runs[False][:2]
-    assert runs[True][2] > 0 and runs[False][2] == 0
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_sparse_rows_take_the_lm_head_of_their_columns_and_change_nothing(
-    temperature: float, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a step that verifies drafts, a row whose mask allows few tokens (xgrammar allows
-    several splits of forced text; a structural position a handful of tokens) gets the lm_head
-    of those columns alone: the outputs, sampled or greedy, and their log-probabilities are
-    those of a run that computes every row in full."""
-    guides: list[GuidedDecodingParams | None] = [GUIDES["json"], GUIDES["choice"], None]
-    params = [
-        SamplingParams(
-            max_tokens=60, temperature=temperature, seed=i, logprobs=2, guided_decoding=g
-        )
-        for i, g in enumerate(guides)
-    ]
-    runs = {}
-    for sparse in (True, False):
-        llm = LLM(
-            "tiny-random",
-            backend="xgrammar",
-            max_num_seqs=3,
-            dtype=torch.float64,
-            json_whitespace="compact",
-            jump_forward=True,
-            isolate_compiles=False,
-        )
-        if not sparse:
-            monkeypatch.setattr(llm.decoder, "sparse_rows", lambda rows, limit: {})
-        outputs = llm.generate([f"Record {i}:" for i in range(3)], params)
-        runs[sparse] = (
-            [o.token_ids for o in outputs],
-            [[(e.token_id, round(e.logprob, 9)) for e in o.logprobs or []] for o in outputs],
-            llm.stats.rows_with_sparse_logits,
+            getattr(llm.stats, counter),
         )
         llm.close()
     assert runs[True][:2] == runs[False][:2]

@@ -235,8 +235,8 @@ class EngineCore:
         built, pending = None, None
         if decoder is not None and cpu and any(_verifies(s) for s in batch):
             # The masks first: a verification row its guide narrows to one token (text the
-            # grammar forces) needs no logits, and on the CPU its lm_head row costs about what
-            # a step costs.
+            # grammar forces) needs no logits, a row narrowed to a few the lm_head of those
+            # alone, and on the CPU a full lm_head row costs about what a step costs.
             built = _timed_build(decoder)
             inputs = self._without_forced_logits(batch, inputs, decoder)
         elif decoder is not None and self.overlap and cpu:
@@ -263,7 +263,9 @@ class EngineCore:
         """``inputs`` with ``no_logits`` set to the verification rows whose mask, just built,
         allows one token (the sampled or greedy token there is that one, whatever the logits);
         a sampling request's verification reads those rows as point masses at their token
-        (``_point_masses``), without processing them."""
+        (``_point_masses``), without processing them. Every other row whose mask allows at most
+        1/32 of the vocabulary gets ``sparse_logits``: the lm_head of its allowed tokens alone
+        (the mask sets the others to -inf, and nothing reads them)."""
         out, row = [], 0
         limit = max(1, self.tokenizer.vocab_size // 32)
         for s, item in zip(batch, inputs, strict=True):

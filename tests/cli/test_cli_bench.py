@@ -48,6 +48,17 @@ def test_bench_apply_runs_the_apply_benchmark(capsys: pytest.CaptureFixture[str]
     assert "guidedec cpu" in out and "xgrammar cpu" in out
 
 
+def test_bench_jump_forward_runs_the_engines_default_on_the_long_keys_schema(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = ["--backends", "auto", "--prompts", "1", "--repeats", "1", "--max-tokens", "40"]
+    assert main(["bench", "jump-forward", *options]) == 0
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.startswith("| auto |")]
+    assert "| long keys |" in row and row.endswith("| yes |")  # the same tokens on and off
+    assert "target (auto, long keys)" in out
+
+
 @pytest.mark.parametrize(
     ("name", "options"),
     [

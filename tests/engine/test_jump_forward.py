@@ -116,6 +116,21 @@ def test_the_long_keys_schema_takes_far_fewer_steps() -> None:
     assert on.stats.steps <= 0.7 * off.stats.steps
 
 
+def test_the_engines_auto_guides_json_with_llguidance() -> None:
+    """xgrammar's masks allow any split of forced text, and a model that takes another split
+    than the drafted one rejects the rest of the draft: the engine's ``auto`` puts llguidance
+    first for JSON guides (its masks keep the tokenizer's split), with jump-forward on or off
+    so that turning it off changes no output, and every forced draft of the long-keys schema
+    is accepted."""
+    plain, off = _run("auto", False, [GUIDES["json"]])
+    jumped, on = _run("auto", True, [GUIDES["json"]])
+    assert jumped == plain
+    for llm in (off, on):
+        assert llm.factory.chosen_backend(GUIDES["json"]) == "llguidance"  # type: ignore[attr-defined]
+    assert on.stats.accepted_forced_tokens == on.stats.forced_draft_tokens > 0
+    assert on.stats.steps <= 0.7 * off.stats.steps
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     picks=st.lists(st.sampled_from(sorted(GUIDES)), min_size=1, max_size=3),
@@ -153,13 +168,20 @@ def test_jump_forward_refuses_a_draft_model() -> None:
 def test_verified_drafts_keep_what_closing_learned() -> None:
     """A guide that cannot complete within the budget: closing searches once per request and
     then stops, with jump-forward too (a rollback of rejected forced tokens used to make it
-    forget and search again at every step, each search costing its whole budget)."""
+    forget and search again at every step, each search costing its whole budget). xgrammar,
+    whose masks let the model reject forced drafts, makes the rollbacks."""
     guide = GuidedDecodingParams(
         json_schema={"type": "array", "items": GUIDES["json"].json_schema, "minItems": 30}
     )
     no_fit = {}
     for jump in (False, True):
-        llm = LLM("tiny-random", max_num_seqs=4, jump_forward=jump, isolate_compiles=False)
+        llm = LLM(
+            "tiny-random",
+            backend="xgrammar",
+            max_num_seqs=4,
+            jump_forward=jump,
+            isolate_compiles=False,
+        )
         params = [
             SamplingParams(max_tokens=24, temperature=1.0, seed=i, guided_decoding=guide)
             for i in range(4)

@@ -135,6 +135,34 @@ def test_other_guides_go_to_xgrammar_and_lark_to_llguidance() -> None:
     assert backend_order(GuidedDecodingParams(lark="start: /a+/")) == (LLGUIDANCE, XGRAMMAR)
 
 
+@pytest.mark.parametrize("schema", STAYS_ON_XGRAMMAR)
+def test_preferring_llguidance_puts_it_first_for_json_guides(schema: dict[str, Any]) -> None:
+    assert backend_order(json_schema(schema), LLGUIDANCE) == (LLGUIDANCE, XGRAMMAR)
+    json_object = GuidedDecodingParams(json_object=True)
+    assert backend_order(json_object, LLGUIDANCE) == (LLGUIDANCE, XGRAMMAR)
+    # Other guides keep their order; so do schemas that xgrammar only approximates.
+    regex = GuidedDecodingParams(regex="[a-z]+")
+    assert backend_order(regex, LLGUIDANCE) == (XGRAMMAR, LLGUIDANCE)
+    assert backend_order(json_schema({"not": STR}), LLGUIDANCE) == (LLGUIDANCE, XGRAMMAR)
+
+
+def test_preferring_llguidance_still_falls_back_to_xgrammar(tokenizer: TokenizerInfo) -> None:
+    factory = AutoMatcherFactory(
+        GuidedDecodingConfig(backend="auto", tokenizer=tokenizer, auto_prefers="llguidance")
+    )
+    exact = json_schema({"type": "object", "properties": {"a": INT}, "required": ["a"]})
+    assert factory.create(exact).backend == LLGUIDANCE
+    assert factory.create(GuidedDecodingParams(json_object=True)).backend == LLGUIDANCE
+    assert factory.create(GuidedDecodingParams(regex="[a-z]+")).backend == XGRAMMAR
+    refused = json_schema({"type": "string", "not": {"const": "x"}})  # llguidance lacks "not"
+    assert factory.create(refused).backend == XGRAMMAR
+
+
+def test_auto_prefers_names_a_backend(tokenizer: TokenizerInfo) -> None:
+    with pytest.raises(ValueError, match="auto_prefers must be one of"):
+        GuidedDecodingConfig(tokenizer=tokenizer, auto_prefers="auto")  # type: ignore[arg-type]
+
+
 def test_schema_slow_to_compile_on_xgrammar_goes_to_llguidance_first() -> None:
     # Each property of an object open to additional properties costs xgrammar ~45 ms.
     big = {"type": "object", "properties": {f"p{i}": STR for i in range(300)}}
@@ -197,7 +225,7 @@ def test_remembered_choice_skips_the_policy(
     assert auto_factory.chosen_backend(params) is None
     auto_factory.create(params)
 
-    def must_not_run(_: GuidedDecodingParams) -> tuple[str, str]:
+    def must_not_run(_: GuidedDecodingParams, prefer: str = XGRAMMAR) -> tuple[str, str]:
         raise AssertionError("backend_order consulted for a remembered guide")
 
     monkeypatch.setattr(auto, "backend_order", must_not_run)

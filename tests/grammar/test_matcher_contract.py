@@ -298,6 +298,45 @@ def test_random_rollbacks_match_a_fresh_matcher(
     )
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_completes_answers_as_token_by_token_and_leaves_the_state(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    data: st.DataObject,
+) -> None:
+    """Each backend's one-call ``completes`` (xgrammar: ``accept_string``; llguidance:
+    ``try_consume_tokens``) against the base class's token-by-token loop, on completions that
+    end the guide, fall short of it, break it, hold a stop token too early or a token out of
+    range, from any point of a valid output; the matcher is where it was afterwards."""
+    backend = data.draw(st.sampled_from(["xgrammar", "llguidance"]))
+    params, valid, _invalid = data.draw(st.sampled_from(GUIDE_CASES[:5]))
+    factory = make_factory(backend)
+    stop = tokenizer.stop_token_ids[0]
+    ids = tokenizer.encode(valid)
+    start = data.draw(st.integers(0, len(ids) - 1))
+    rest = [*ids[start:], stop]
+    kind = data.draw(st.sampled_from(["whole", "short", "changed", "early stop", "no stop"]))
+    if kind == "short":
+        rest = [*rest[: data.draw(st.integers(0, len(rest) - 2))], stop]
+    elif kind == "changed":
+        at = data.draw(st.integers(0, len(rest) - 2))
+        rest[at] = data.draw(st.sampled_from([0, 7, 96, tokenizer.vocab_size - 1, -1, 10**6]))
+    elif kind == "early stop":
+        rest.insert(data.draw(st.integers(0, len(rest) - 1)), stop)
+    elif kind == "no stop":
+        rest = rest[:-1]
+    matcher = factory.create(params)
+    assert feed_tokens(matcher, ids[:start]) == start
+    before = next_token_mask(matcher, tokenizer.vocab_size)
+    expected = GrammarMatcher.completes(matcher, rest)  # the loop, on the same matcher
+    assert matcher.completes(rest) == expected
+    assert expected == (kind == "whole") or kind in ("short", "changed")
+    assert torch.equal(next_token_mask(matcher, tokenizer.vocab_size), before)
+    assert feed_tokens(matcher, ids[start:]) == len(ids) - start  # the history is intact
+    matcher.rollback(len(ids))
+
+
 def test_rollback_past_the_first_token_is_a_value_error(
     factory: GrammarMatcherFactory, tokenizer: TokenizerInfo
 ) -> None:

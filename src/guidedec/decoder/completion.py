@@ -193,16 +193,9 @@ def _probe_singles(
 
 
 def completes(matcher: GrammarMatcher, tokens: Sequence[int]) -> bool:
-    """Whether the matcher accepts ``tokens`` and ends the guide with them (left as it was)."""
-    accepted = 0
-    for token in tokens:
-        if not matcher.accept_token(token):
-            break
-        accepted += 1
-    complete = accepted == len(tokens) and matcher.is_terminated()
-    if accepted:
-        matcher.rollback(accepted)
-    return complete
+    """Whether the matcher accepts ``tokens`` and ends the guide with them (left as it was):
+    :meth:`GrammarMatcher.completes`, one native call on either backend."""
+    return matcher.completes(tokens)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,10 @@ class LLM(EngineCore):
     Args:
         model: ``"tiny-random"`` (a seeded random Llama with the bundled tokenizer, no download),
             ``"tiny-random-draft"``, a local Hugging Face model directory, or a hub id.
-        backend: Grammar backend: ``"auto"``, ``"xgrammar"`` or ``"llguidance"``.
+        backend: Grammar backend: ``"auto"``, ``"xgrammar"`` or ``"llguidance"``. The
+            engine's ``"auto"`` tries llguidance first for JSON guides
+            (``GuidedDecodingConfig.auto_prefers``): its masks keep the text a grammar forces
+            in the tokenizer's own split, so jump-forward's drafts of it are accepted.
         max_num_seqs: Sequence slots: requests decoded together.
         max_num_tokens: Tokens one step may feed (prompt chunks plus generation tokens); longer
             prompts are prefilled in chunks. Default: ``max(2048, max_num_seqs * (1 + k))``.
@@ -140,6 +143,9 @@ class LLM(EngineCore):
             max_rollback_tokens=k + 1,
             json_whitespace=json_whitespace,
             approximate=approximate,
+            # JSON guides go to llguidance first (see the class's doc), with or without
+            # jump-forward, so that turning it off changes no output.
+            auto_prefers="llguidance",
             fill_mode=fill_mode,
             isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate else None,
             limits=guide_limits or GuideLimits(),

@@ -9,6 +9,9 @@ JSONSchemaBench; see ``docs/auto-backend.md``):
   xgrammar only approximates (it would accept invalid output or reject valid output), because
   llguidance refuses what it cannot enforce, and for JSON schemas whose xgrammar compile would
   take seconds; xgrammar when llguidance refuses the guide.
+* llguidance first for every JSON guide when ``GuidedDecodingConfig.auto_prefers`` says so
+  (what the engine, ``LLM``, sets: its masks keep forced text in the tokenizer's own split,
+  which jump-forward drafts).
 
 The backend that compiled a guide is remembered, so later requests skip the policy.
 """
@@ -98,7 +101,7 @@ class AutoMatcherFactory(GrammarMatcherFactory):
         known = self.chosen_backend(params)
         if not known:
             self.config.limits.check(params)  # before the policy reads the guide
-        order = (known,) if known else backend_order(params)
+        order = (known,) if known else backend_order(params, self.config.auto_prefers)
         errors: list[GrammarError] = []
         for name in order:
             inexact = self._refused_approximation(name, params, errors)

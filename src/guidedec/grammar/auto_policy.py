@@ -317,9 +317,15 @@ def xgrammar_too_costly(schema_text: str) -> str | None:
     return None
 
 
-def backend_order(params: GuidedDecodingParams) -> tuple[str, str]:
-    """The backends ``auto`` tries for ``params``, best first."""
+def backend_order(params: GuidedDecodingParams, prefer: str = XGRAMMAR) -> tuple[str, str]:
+    """The backends ``auto`` tries for ``params``, best first. ``prefer="llguidance"`` (what
+    the engine, ``LLM``, asks) puts llguidance first for every JSON guide: its masks keep
+    forced text in the tokenizer's own split of it, which is what jump-forward drafts propose,
+    where xgrammar's allow any split and a model that takes another one rejects the rest of
+    the draft (see ``docs/auto-backend.md``)."""
     if params.guide_type is GuideType.LARK:
+        return (LLGUIDANCE, XGRAMMAR)
+    if prefer == LLGUIDANCE and params.guide_type in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT):
         return (LLGUIDANCE, XGRAMMAR)
     if params.guide_type is GuideType.JSON_SCHEMA:
         assert isinstance(params.guide, str)

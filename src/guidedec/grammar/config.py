@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 BackendName = Literal["xgrammar", "llguidance", "auto"]
 WhitespaceMode = Literal["flexible", "compact"]
 FillMode = Literal["auto", "parallel", "sequential"]
+ExactBackendName = Literal["xgrammar", "llguidance"]
 
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 
@@ -41,6 +42,10 @@ class GuidedDecodingConfig:
             refuses a construct that xgrammar only approximates, such as ``not``): ``True``
             (default) guides with xgrammar's approximation, whose outputs may not validate;
             ``False`` fails the request, naming both reasons, so that every output validates.
+        auto_prefers: For ``"auto"``, the backend tried first for a JSON guide that both
+            enforce exactly: ``"xgrammar"`` (default; its masks are faster) or
+            ``"llguidance"`` (its masks keep forced text in the tokenizer's own split, so the
+            drafts of jump-forward are accepted; what ``LLM`` sets).
         fill_mode: How a decoder fills the rows of a batch: ``"auto"`` (default) times the
             backends' parallel batch calls against one row at a time on the live batches and
             keeps the faster (see :mod:`guidedec.grammar.batch_fill`); ``"parallel"`` or
@@ -74,6 +79,7 @@ class GuidedDecodingConfig:
     json_whitespace: WhitespaceMode = "flexible"
     max_json_whitespace: int = 20
     approximate: bool = True
+    auto_prefers: ExactBackendName = "xgrammar"
     fill_mode: FillMode = "auto"
     fill_threads: int | None = None
     isolation: CompileIsolation | None = field(default=None, compare=False)
@@ -92,6 +98,11 @@ class GuidedDecodingConfig:
             )
         if self.max_json_whitespace < 1:
             raise ValueError(f"max_json_whitespace must be >= 1, got {self.max_json_whitespace}")
+        if self.auto_prefers not in get_args(ExactBackendName):
+            raise ValueError(
+                "auto_prefers must be one of "
+                f"{list(get_args(ExactBackendName))}, got {self.auto_prefers!r}"
+            )
         if self.fill_mode not in get_args(FillMode):
             raise ValueError(
                 f"fill_mode must be one of {list(get_args(FillMode))}, got {self.fill_mode!r}"

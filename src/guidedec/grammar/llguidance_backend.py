@@ -79,6 +79,24 @@ class LLGuidanceMatcher(GrammarMatcher):
             return True
         return False
 
+    def completes(self, tokens: Sequence[int]) -> bool:
+        """One ``validate_tokens`` (which moves nothing): every token accepted, the last a stop
+        token (llguidance's own, since every stop token is given to it as one) that ends the
+        guide, or a rejection before the last. A stop token after a grammar that has stopped
+        (the wrapper accepts it itself), or one earlier in ``tokens``: token by token."""
+        stops = self._stop_token_ids
+        if self._terminated or len(tokens) < 2 or tokens[-1] not in stops:
+            return super().completes(tokens)
+        prefix = tokens[:-1]
+        if min(prefix) < 0 or max(prefix) >= self._vocab_size or not stops.isdisjoint(prefix):
+            return super().completes(tokens)
+        valid = self._matcher.validate_tokens(list(tokens))
+        if valid == len(tokens):
+            return True
+        if valid < len(prefix):
+            return False
+        return super().completes(tokens)
+
     unchecked_advance = True
 
     def advance(self, token_id: int) -> bool:

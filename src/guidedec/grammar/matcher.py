@@ -75,6 +75,20 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """Whether a stop token has been accepted (the output is complete)."""
 
+    def completes(self, tokens: Sequence[int]) -> bool:
+        """Whether the matcher accepts ``tokens`` one after another and is terminated after
+        the last (a completion of the guide ends with a stop token); the state is left as it
+        was. A backend that can check a run of tokens in one native call overrides this."""
+        accepted = 0
+        for token in tokens:
+            if not self.accept_token(token):
+                break
+            accepted += 1
+        complete = accepted == len(tokens) and self.is_terminated()
+        if accepted:
+            self.rollback(accepted)
+        return complete
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next from the current state (jump-forward), each accepted
         in turn, the state unchanged; [] where nothing is forced or the backend cannot say.
@@ -146,6 +160,9 @@ class WrappedMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         return self.inner.is_terminated()
+
+    def completes(self, tokens: Sequence[int]) -> bool:
+        return self.inner.completes(tokens)
 
     def forced_tokens(self) -> list[int]:
         return self.inner.forced_tokens()

@@ -158,6 +158,21 @@ def test_preferring_llguidance_still_falls_back_to_xgrammar(tokenizer: Tokenizer
     assert factory.create(refused).backend == XGRAMMAR
 
 
+def test_warm_up_warms_each_backend(
+    tokenizer: TokenizerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a backend builds at warm-up (xgrammar: the token texts its ``completes`` reads,
+    about a second) is built before the first request, not during one."""
+    from guidedec.grammar.llguidance_backend import LLGuidanceMatcherFactory
+    from guidedec.grammar.xgrammar_backend import XGrammarMatcherFactory
+
+    warmed: list[str] = []
+    for backend in (XGrammarMatcherFactory, LLGuidanceMatcherFactory):
+        monkeypatch.setattr(backend, "warm_up", lambda self: warmed.append(self.backend))
+    AutoMatcherFactory(GuidedDecodingConfig(backend="auto", tokenizer=tokenizer)).warm_up()
+    assert sorted(warmed) == [LLGUIDANCE, XGRAMMAR]
+
+
 def test_auto_prefers_names_a_backend(tokenizer: TokenizerInfo) -> None:
     with pytest.raises(ValueError, match="auto_prefers must be one of"):
         GuidedDecodingConfig(tokenizer=tokenizer, auto_prefers="auto")  # type: ignore[arg-type]

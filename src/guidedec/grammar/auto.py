@@ -75,7 +75,7 @@ class AutoMatcherFactory(GrammarMatcherFactory):
 
     def warm_up(self) -> None:
         for name in (XGRAMMAR, LLGUIDANCE):
-            self.factory(name)
+            self.factory(name).warm_up()
 
     def forget(self, params: GuidedDecodingParams) -> None:
         with self._lock:

@@ -20,7 +20,13 @@ from guidedec import (
 )
 from guidedec.errors import GrammarError
 from guidedec.grammar import isolation
-from guidedec.grammar.cache import CompileCache, canonical_json_schema
+from guidedec.grammar.cache import (
+    KEPT_CANONICAL_CHARS,
+    CompileCache,
+    _canonical_text,
+    _kept_canonical,
+    canonical_json_schema,
+)
 from guidedec.testing import accepts_output
 
 
@@ -231,3 +237,15 @@ def test_encode_gives_the_transformers_tokenizer_s_ids(pieces: list[str]) -> Non
     text = "".join(pieces)
     expected = list(tokenizer.hf_tokenizer.encode(text, add_special_tokens=False))
     assert tokenizer.encode(text) == expected
+
+
+def test_canonical_texts_of_schemas_up_to_the_limit_are_kept() -> None:
+    small = json.dumps({"type": "object", "properties": {"b": {}, "a": {}}, "required": ["a"]})
+    before = _kept_canonical.cache_info()
+    assert canonical_json_schema(small) == canonical_json_schema(small) == _canonical_text(small)
+    kept = _kept_canonical.cache_info()
+    assert kept.hits >= before.hits + 1
+    big = json.dumps({"enum": ["x" * 100] * 700})
+    assert len(big) > KEPT_CANONICAL_CHARS
+    assert canonical_json_schema(big) == _canonical_text(big)
+    assert _kept_canonical.cache_info() == kept  # neither looked up nor kept

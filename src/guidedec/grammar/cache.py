@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -19,13 +20,31 @@ _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
 _ORDERED_MAPS = frozenset({"properties"})
 
 
+KEPT_CANONICAL_CHARS = 1 << 16
+"""Schemas up to this long have their canonical text kept (:func:`canonical_json_schema`)."""
+
+
 def canonical_json_schema(schema: str) -> str:
     """A canonical text of a JSON schema: the same for schemas that mean the same output.
 
     Whitespace is dropped and object keys are sorted, except where order is meaningful: the
     names under ``properties`` (backends emit properties in declared order) and data values
     (``const``, ``enum``, ``default``, ``examples``). Text that is not JSON is returned as is.
+    The texts of the last 256 schemas of at most ``KEPT_CANONICAL_CHARS`` are kept: a request's
+    guide is keyed several times on its way to a matcher (``auto``'s choice, the backend's
+    cache), about a millisecond each for a large schema.
     """
+    if len(schema) <= KEPT_CANONICAL_CHARS:
+        return _kept_canonical(schema)
+    return _canonical_text(schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_canonical(schema: str) -> str:
+    return _canonical_text(schema)
+
+
+def _canonical_text(schema: str) -> str:
     try:
         value = json.loads(schema)
     except (json.JSONDecodeError, RecursionError):

@@ -62,7 +62,11 @@ def reference(model_dir: Path) -> dict[str, list[tuple[list[int], str]]]:
     """guidedec's own engine on the same weights, greedy, run before vLLM starts (vLLM's CPU
     worker keeps its cores busy while it lives)."""
     ours = guidedec.LLM(
-        str(model_dir), max_num_seqs=4, json_whitespace="compact", isolate_compiles=False
+        str(model_dir),
+        max_num_seqs=4,
+        json_whitespace="compact",
+        auto_prefers="xgrammar",  # the plugin's default
+        isolate_compiles=False,
     )
     outputs = {}
     for name, (guide, _) in sorted(GUIDES.items()):
@@ -239,6 +243,15 @@ def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
     )
     assert processor.factory.config.backend == "llguidance"
     assert processor._filler.mode == "sequential"
+    with pytest.raises(ValueError, match="auto_prefers must be one of"):
+        GuidedLogitsProcessor(_vllm_config(model_dir, {"auto_prefers": "auto"}), "cpu", False)
+    default = GuidedLogitsProcessor(_vllm_config(model_dir, {}), "cpu", False)
+    assert default.factory.config.auto_prefers == "xgrammar"
+    engines = GuidedLogitsProcessor(
+        _vllm_config(model_dir, {"auto_prefers": "llguidance"}), "cpu", False
+    )
+    params = GuidedDecodingParams(json_schema={"type": "object", "required": ["a"]})
+    assert engines.factory.create(params).backend == "llguidance"
 
 
 def test_the_backends_are_built_when_the_processor_is(model_dir: Path) -> None:

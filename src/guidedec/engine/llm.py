@@ -28,7 +28,13 @@ from guidedec.engine.speculative import (
     parse_speculative,
 )
 from guidedec.engine.stats import EngineStats
-from guidedec.grammar.config import BackendName, FillMode, GuidedDecodingConfig, WhitespaceMode
+from guidedec.grammar.config import (
+    BackendName,
+    ExactBackendName,
+    FillMode,
+    GuidedDecodingConfig,
+    WhitespaceMode,
+)
 from guidedec.grammar.isolation import CompileIsolation
 from guidedec.grammar.limits import GuideLimits
 
@@ -41,10 +47,12 @@ class LLM(EngineCore):
     Args:
         model: ``"tiny-random"`` (a seeded random Llama with the bundled tokenizer, no download),
             ``"tiny-random-draft"``, a local Hugging Face model directory, or a hub id.
-        backend: Grammar backend: ``"auto"``, ``"xgrammar"`` or ``"llguidance"``. The
-            engine's ``"auto"`` tries llguidance first for JSON guides
-            (``GuidedDecodingConfig.auto_prefers``): its masks keep the text a grammar forces
-            in the tokenizer's own split, so jump-forward's drafts of it are accepted.
+        backend: Grammar backend: ``"auto"``, ``"xgrammar"`` or ``"llguidance"``.
+        auto_prefers: With ``backend="auto"``, the backend tried first for a JSON guide that
+            both enforce exactly (``GuidedDecodingConfig.auto_prefers``). Default
+            ``"llguidance"``: its masks keep the text a grammar forces in the tokenizer's own
+            split, so jump-forward's drafts of it are accepted; ``"xgrammar"`` is what the
+            decoder and the vLLM plugin default to.
         max_num_seqs: Sequence slots: requests decoded together.
         max_num_tokens: Tokens one step may feed (prompt chunks plus generation tokens); longer
             prompts are prefilled in chunks. Default: ``max(2048, max_num_seqs * (1 + k))``.
@@ -108,6 +116,7 @@ class LLM(EngineCore):
         json_whitespace: WhitespaceMode = "flexible",
         overlap: bool = True,
         approximate: bool = True,
+        auto_prefers: ExactBackendName = "llguidance",
         cuda_graphs: bool = False,
         fill_mode: FillMode = "auto",
         max_model_len: int | None = None,
@@ -143,9 +152,8 @@ class LLM(EngineCore):
             max_rollback_tokens=k + 1,
             json_whitespace=json_whitespace,
             approximate=approximate,
-            # JSON guides go to llguidance first (see the class's doc), with or without
-            # jump-forward, so that turning it off changes no output.
-            auto_prefers="llguidance",
+            # The same with or without jump-forward, so that turning it off changes no output.
+            auto_prefers=auto_prefers,
             fill_mode=fill_mode,
             isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate else None,
             limits=guide_limits or GuideLimits(),

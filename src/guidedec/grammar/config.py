@@ -45,7 +45,7 @@ class GuidedDecodingConfig:
         auto_prefers: For ``"auto"``, the backend tried first for a JSON guide that both
             enforce exactly: ``"xgrammar"`` (default; its masks are faster) or
             ``"llguidance"`` (its masks keep forced text in the tokenizer's own split, so the
-            drafts of jump-forward are accepted; what ``LLM`` sets).
+            drafts of jump-forward are accepted; ``LLM``'s default).
         fill_mode: How a decoder fills the rows of a batch: ``"auto"`` (default) times the
             backends' parallel batch calls against one row at a time on the live batches and
             keeps the faster (see :mod:`guidedec.grammar.batch_fill`); ``"parallel"`` or

@@ -13,9 +13,10 @@ with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"gu
 :class:`~guidedec.GuidedDecodingParams` (``json_schema``, ``regex``, ``ebnf``, ``lark``,
 ``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
 strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
-"auto", "json_whitespace": "compact", "fill_mode": "auto", "fill_threads": None,
-"out_of_place": True}}`` (``--additional-config`` on ``vllm serve``; those are the defaults, and
-an unknown option is an error).
+"auto", "auto_prefers": "xgrammar", "json_whitespace": "compact", "fill_mode": "auto",
+"fill_threads": None, "out_of_place": True}}`` (``--additional-config`` on ``vllm serve``; those
+are the defaults, and an unknown option is an error). ``auto_prefers: "llguidance"`` gives JSON
+guides the backend guidedec's own engine tries first (it jumps forward; vLLM does not).
 
 **The step.** vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each forward, with
 the batch's changes (requests removed, added with a live reference to their output tokens,
@@ -128,7 +129,14 @@ def _syntax_factory() -> GrammarMatcherFactory:
     )
 
 
-ENGINE_OPTIONS = ("backend", "json_whitespace", "fill_mode", "fill_threads", "out_of_place")
+ENGINE_OPTIONS = (
+    "backend",
+    "auto_prefers",
+    "json_whitespace",
+    "fill_mode",
+    "fill_threads",
+    "out_of_place",
+)
 """The keys of ``additional_config["guidedec"]`` (:class:`~guidedec.GuidedDecodingConfig`'s)."""
 
 
@@ -174,6 +182,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         self.tokenizer = TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
         config = GuidedDecodingConfig(
             backend=options.get("backend", "auto"),
+            auto_prefers=options.get("auto_prefers", "xgrammar"),
             tokenizer=self.tokenizer,
             json_whitespace=options.get("json_whitespace", "compact"),
             fill_mode=options.get("fill_mode", "auto"),

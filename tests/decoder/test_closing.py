@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jsonschema
+import numpy as np
+import numpy.typing as npt
 import pytest
 import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.closing import BudgetCloser
+from guidedec.decoder.closing import CHECK_ROOM, BudgetCloser
 from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, completes, guide_words
+from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,
@@ -450,3 +453,90 @@ def test_the_witness_s_text_in_another_split_is_encoded_again_not_searched(
     assert found is not None and found[0] == token
     assert matcher.accept_token(token)
     assert completes(matcher, found[1])  # the respelled witness completes the new state
+
+
+class _CountingCompletes(WrappedMatcher):
+    calls = 0
+
+    def completes(self, tokens: Sequence[int]) -> bool:
+        type(self).calls += 1
+        return self.inner.completes(tokens)
+
+
+def _closed_row(
+    closer: BudgetCloser, matcher: GrammarMatcher, request: GuidedRequest, vocab_size: int
+) -> npt.NDArray[np.int32]:
+    """The request's row, filled for the matcher's state and passed through ``close``."""
+    rows = allocate_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(rows, 0)
+    words = rows[0].numpy()
+    closer.close(request, matcher, words)
+    return words
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_run_of_string_content_with_room_to_spare_replays_no_witness(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo, backend: str
+) -> None:
+    """Tokens that :meth:`BudgetCloser.checks` lets through (string content, with more than
+    ``CHECK_ROOM`` tokens of room) leave the witness as it was, unreplayed; the first token
+    that is checked (the closing quote) replays it once, and what it finds completes the
+    state."""
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    matcher = _CountingCompletes(make_factory(backend).create(params))
+    prefix = tokenizer.encode('{"name": "')
+    assert all(matcher.accept_token(token) for token in prefix)
+    left = 60
+    closer.moved(0)  # the matcher moved: a witness for its state, searched for
+    request = GuidedRequest.generation(
+        params, request_id=0, seq_slot=0, new_token=prefix[-1], tokens_left=left
+    )
+    _closed_row(closer, matcher, request, tokenizer.vocab_size)
+    witness = closer._slots[0].witness
+    assert witness is not None and len(witness) + CHECK_ROOM < left - 8
+    _CountingCompletes.calls = 0
+    content = tokenizer.encode("abcdefghij klmnop")
+    for token in content:
+        assert not closer.checks(0, params, token, left)
+        assert matcher.accept_token(token)
+        left -= 1
+        request = GuidedRequest.generation(
+            params, request_id=0, seq_slot=0, new_token=token, tokens_left=left
+        )
+        words = _closed_row(closer, matcher, request, tokenizer.vocab_size)
+        assert words.any() and closer.fallback(0) is None  # not forced, and not trusted
+    assert _CountingCompletes.calls == 0
+    (quote,) = tokenizer.encode('"')
+    assert closer.checks(0, params, quote, left)
+    assert closer.admits(0, matcher, params, quote, left)
+    after = closer._slots[0].after
+    assert after is not None and after[0] == quote and _CountingCompletes.calls >= 1
+    assert matcher.accept_token(quote)
+    assert completes(matcher, after[1]) and len(after[1]) <= left - 1
+
+
+def test_every_output_of_a_guide_starts_from_its_first_output_s_witness(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo
+) -> None:
+    """The initial state of a guide is every output's: the first output's start witness is
+    checked first for the next ones (one ``completes``), even after the output has kept
+    witnesses of many other states."""
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
+    closer = BudgetCloser(tokenizer, num_slots=2)
+    factory = make_factory("xgrammar")
+    first = _CountingCompletes(factory.create(params))
+    start = GuidedRequest.context(params, request_id=0, seq_slot=0, tokens_left=40)
+    _closed_row(closer, first, start, tokenizer.vocab_size)
+    assert closer.stats.searches == 1
+    for text in ['{"name": "a', '{"name": "a", "age": 1', '{"name": "a", "age": ']:
+        other = factory.create(params)
+        assert all(other.accept_token(t) for t in tokenizer.encode(text))
+        closer._find(params, other, 40)
+    assert closer.stats.searches == 4  # the kept witnesses: three others, newest first
+    second = _CountingCompletes(factory.create(params))
+    _CountingCompletes.calls = 0
+    again = GuidedRequest.context(params, request_id=1, seq_slot=1, tokens_left=40)
+    _closed_row(closer, second, again, tokenizer.vocab_size)
+    assert closer.stats.searches == 4 and _CountingCompletes.calls == 1
+    assert closer._slots[1].witness == closer._slots[0].witness

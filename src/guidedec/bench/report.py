@@ -120,8 +120,9 @@ def checks_table(summaries: dict[str, dict[str, Any]]) -> str:
     return (
         "\n".join([header, *rows])
         + "\n\nGeneration runs twice per schema: with the backend alone, and with the engine's "
-        "defaults (budget-aware closing, steering, and the final schema check, which ends an "
-        "output that breaks its schema with an error instead of letting it stop). Host time per "
+        "defaults (budget-aware closing, the root types on xgrammar's first rows, steering, and "
+        "the final schema check, which ends an output that breaks its schema with an error "
+        "instead of letting it stop). Host time per "
         "generated token: masks, sampling and the checks.\n"
     )
 

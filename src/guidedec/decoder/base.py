@@ -27,6 +27,7 @@ from guidedec.bitmask.layout import token_word
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
+from guidedec.decoder.root_types import RootTypes
 from guidedec.decoder.rows import (
     DEAD_END,
     Failure,
@@ -138,6 +139,7 @@ class BaseGuidedDecoder(RowFilling):
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
+        self.root_types = RootTypes(config.tokenizer, max_num_sequences)
         self._time_fills = False  # fills are timed after a slow build (see _timed_fill)
         self._fast_builds = 0  # builds in a row under FILL_TIMING_S while timing
         self._timed_batch: GuidedRequests | None = None  # the last build, if it timed fills
@@ -229,7 +231,10 @@ class BaseGuidedDecoder(RowFilling):
         slot = req.seq_slot
         self.closer.forget(slot)
         self.slots.reset(slot)  # a failed create leaves the slot empty
-        self.slots.start(slot, self.factory.create(req.guided_decoding_params))
+        self.root_types.forget(slot)
+        matcher = self.factory.create(req.guided_decoding_params)
+        self.slots.start(slot, matcher)
+        self.root_types.start(slot, req.guided_decoding_params, matcher.backend)
 
     def build(self) -> list[Failure]:
         """Advance every guided request's matcher and fill its bitmask rows (host side).
@@ -300,6 +305,8 @@ class BaseGuidedDecoder(RowFilling):
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
+        roots: list[tuple[int, int]] = []  # rows before a root value's start (see RootTypes)
+        root_open = self.root_types.open
         offsets = batch.offsets  # the requests' own: indexed (a zip costs 0.1 to 0.3 us)
         for i, req in enumerate(requests):
             if req.guided_decoding_params is None:
@@ -334,6 +341,8 @@ class BaseGuidedDecoder(RowFilling):
                     advanced[slot] = 1
                     if status == TERMINATED:
                         continue
+                    if root_open[slot] is not None:
+                        self.root_types.advance(slot, token)
                     if forced is not None:
                         self._force_row(offset, forced)
                         guided[slot] = 1
@@ -347,6 +356,8 @@ class BaseGuidedDecoder(RowFilling):
                         continue
                 if closes:
                     closing.append((req, offset))
+                if root_open[slot] is not None and not drafts:
+                    roots.append((slot, offset))
                 if not eager:
                     wave.append(RowFill(req, matcher, offset, drafts))
                 elif drafts:
@@ -369,6 +380,9 @@ class BaseGuidedDecoder(RowFilling):
         self.stats.rows_filled += rows_filled
         while wave:
             wave = self._fill_wave(wave, failures)
+        for slot, row in roots:
+            if self._token_mask_np[row]:
+                self.root_types.restrict(slot, self._bitmask_words[row])
         if closing:
             self._close(closing)
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
@@ -507,6 +521,7 @@ class BaseGuidedDecoder(RowFilling):
         """Drop the grammar state of a finished or aborted request's slot."""
         self.slots.reset(seq_slot)
         self.closer.forget(seq_slot)
+        self.root_types.forget(seq_slot)
 
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""

@@ -15,7 +15,10 @@ Before it searches, the closer replays the witnesses it found lately for the sam
 (the matcher accepts the witness and ends with it) and costs no mask fill.
 
 Cost bounds: no search before ``WINDOW`` tokens are left; under a JSON guide with more than
-``CHECK_ROOM`` tokens of room, sampled tokens without a structural character are not checked;
+``CHECK_ROOM`` tokens of room, sampled tokens without a structural character are not checked,
+and the witness is not replayed after them either (it is *stale*: replayed once, at the next
+token that is checked or once the room runs short, so a run of string content costs one replay);
+the witness of a guide's initial state is kept, and tried first at every output's start;
 a search expands at most ``8 * tokens_left + 16`` states.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
@@ -90,6 +93,7 @@ class _SlotState:
     incomplete: bool = False
     digit_run: int = 0  # ASCII digits at the end of the output
     moved: bool = False  # the matcher moved by more than the row's token since the witness
+    stale: bool = False  # unchecked tokens followed the witness: replayed before any use
 
 
 @dataclass
@@ -106,6 +110,7 @@ class BudgetCloser:
         self._digits: DigitTokens | None = None  # built at the first JSON row
         self._words: dict[object, list[int]] = {}
         self._recent: dict[object, list[list[int]]] = {}  # guide -> witnesses found lately
+        self._starts: dict[object, list[int]] = {}  # guide -> a witness of its initial state
         self._keys: dict[int, tuple[GuidedDecodingParams, object]] = {}
         self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
 
@@ -129,7 +134,7 @@ class BudgetCloser:
         was learned about its distance to a completion (no search again after a failed one)
         is kept, since a search costs its whole budget."""
         state = self._slots[slot]
-        state.after, state.moved, state.digit_run = None, True, 0
+        state.after, state.moved, state.stale, state.digit_run = None, True, False, 0
 
     def close(self, req: GuidedRequest, matcher: GrammarMatcher, words: npt.NDArray[Any]) -> None:
         """Restrict the request's row (``words``: its int32 words, just filled for the matcher's
@@ -141,13 +146,18 @@ class BudgetCloser:
         witness, after = state.witness, state.after
         state.after = None
         if state.moved:
-            state.moved = False
+            state.moved = state.stale = False
             witness = _replayed(matcher, state.witness, left)
         elif after is not None and after[0] == req.new_token:
             witness = after[1]  # found when the token was checked (see admits)
-        elif witness and len(witness) > 1 and req.new_token == witness[0]:
+            state.stale = False
+        elif not state.stale and witness and len(witness) > 1 and req.new_token == witness[0]:
             witness = witness[1:]  # the output followed the witness: still valid
+        elif self._unchecked(req, witness, left):
+            state.stale = True  # replayed when next used: a run of string content costs one
+            return
         else:
+            state.stale = False
             witness = _replayed(matcher, state.witness, left)
             if witness is None and req.new_token is not None:
                 witness = self._respelled(matcher, state.witness, req.new_token, left)
@@ -162,7 +172,7 @@ class BudgetCloser:
             if start and self._start_no_fit.get(key, 0) >= left:
                 witness = None  # this guide's start had no completion within as many tokens
             else:
-                witness = self._find(params, matcher, left)
+                witness = self._find(params, matcher, left, start=start)
             if witness is None:
                 # Searched once: a failed search costs its whole budget, and the distance to a
                 # completion seldom shrinks unless the model closes what it opened itself.
@@ -201,14 +211,14 @@ class BudgetCloser:
         after, witness = state.after, state.witness
         if after is not None and after[0] == token:
             rest = after[1]
-        elif witness and len(witness) > 1 and token == witness[0]:
+        elif not state.stale and witness and len(witness) > 1 and token == witness[0]:
             rest = witness[1:]
         else:
             return None
         if not rest or len(rest) <= left - MARGIN:
             return None
         self._count_digits(req, state)  # a one-token row: nothing to cut
-        state.after, state.witness = None, rest
+        state.after, state.witness, state.stale = None, rest, False
         self.stats.forced_rows += 1
         return rest[0]
 
@@ -253,11 +263,30 @@ class BudgetCloser:
         witness = state.witness
         if witness is None:
             return True
-        if witness[0] == token:
+        if witness[0] == token and not state.stale:
             return True  # cheap: admits takes the rest of the witness
-        roomy = len(witness) + CHECK_ROOM < tokens_left
-        json_guide = params.guide_type in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
-        return not (roomy and json_guide and not self.vocab().structural[token])
+        return not self._skippable(params, token, witness, tokens_left)
+
+    def _skippable(
+        self, params: GuidedDecodingParams, token: int, witness: list[int], tokens_left: int
+    ) -> bool:
+        """Whether ``token`` goes unchecked: under a JSON guide, with more than ``CHECK_ROOM``
+        tokens of room beyond the witness, a token without a structural character (string
+        content, digits, whitespace opens nothing)."""
+        if len(witness) + CHECK_ROOM >= tokens_left:
+            return False
+        if params.guide_type not in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT):
+            return False
+        structural = self.vocab().structural
+        return 0 <= token < structural.shape[0] and not structural[token]
+
+    def _unchecked(self, req: GuidedRequest, witness: list[int] | None, left: int) -> bool:
+        """Whether the row's token is one :meth:`checks` lets through, with room to spare even
+        after it: the witness need not be replayed now (see ``_SlotState.stale``)."""
+        token, params = req.new_token, req.guided_decoding_params
+        if witness is None or token is None or params is None:
+            return False
+        return self._skippable(params, token, witness, left + 1 - MARGIN)
 
     def warm_up(self) -> None:
         """Build the per-tokenizer tables closing reads (the decoded vocabulary, ~1 s; the digit
@@ -284,8 +313,8 @@ class BudgetCloser:
         can commit the output to a long completion (``,`` before a further tool call): the
         engine samples again without it when it cannot."""
         state = self._slots[slot]
-        witness = None if state.moved else state.witness
-        if witness and witness[0] == token:
+        witness = state.witness
+        if witness and witness[0] == token and not (state.moved or state.stale):
             state.after = (token, witness[1:])
             return True
         if matcher.is_terminated() or not matcher.accept_token(token):
@@ -309,7 +338,7 @@ class BudgetCloser:
     def fallback(self, slot: int) -> int | None:
         """The witness's next token for the slot's current state, if one is known."""
         state = self._slots[slot]
-        return state.witness[0] if state.witness and not state.moved else None
+        return state.witness[0] if state.witness and not (state.moved or state.stale) else None
 
     def _respelled(
         self, matcher: GrammarMatcher, witness: list[int] | None, token: int, limit: int
@@ -344,8 +373,11 @@ class BudgetCloser:
         return None
 
     def _find(
-        self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int
+        self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int, start: bool = False
     ) -> list[int] | None:
+        """A witness within ``left`` tokens: a kept one of the guide's (its initial state's
+        first when ``start``: every output of a guide begins there) that completes the
+        matcher's state, else a search's."""
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
         self._search.gave_up = False
@@ -357,17 +389,24 @@ class BudgetCloser:
             if len(self._words) >= GUIDES_KEPT:
                 self._words.clear()
                 self._recent.clear()
+                self._starts.clear()
             self._words[key] = guide_words(params, self.tokenizer)
             recent = self._recent[key] = []
+        first = self._starts.get(key) if start else None
+        if first is not None and len(first) <= left and completes(matcher, first):
+            self.stats.recent_hits += 1
+            return first
         for known in recent:  # another output of the guide was here (or somewhere like it)
             if len(known) + RECENT_SLACK <= left and completes(matcher, known):
                 self.stats.recent_hits += 1
                 return known
-        start = time.perf_counter()
+        began = time.perf_counter()
         witness = self._search.witness(matcher, left, words=self._words[key])
-        self.stats.search_s += time.perf_counter() - start
+        self.stats.search_s += time.perf_counter() - began
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes
+        if witness is not None and start:
+            self._starts[key] = witness
         if witness is not None and witness not in recent:
             recent.insert(0, witness)
             del recent[RECENT_KEPT:]

@@ -17,6 +17,7 @@ import pytest
 from conftest import data_path
 from datasets import read_jsonl
 from guidedec import GuidedDecodingParams, TokenizerInfo
+from guidedec.decoder.request import GuidedRequest
 from guidedec.decoder.root_types import KINDS, RootTypes, root_types
 from guidedec.grammar.matcher import GrammarMatcherFactory
 from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
@@ -135,3 +136,24 @@ def test_a_row_the_restriction_would_empty_is_left_as_it_was(tokenizer: Tokenize
     words = forbidden.copy()  # a row allowing only tokens that start another type
     roots.restrict(0, words)
     assert np.array_equal(words, forbidden) and roots.restricted == 0
+
+
+def test_a_handed_off_request_s_first_token_ends_the_root(
+    tokenizer: TokenizerInfo, make_factory: Callable[..., GrammarMatcherFactory]
+) -> None:
+    """A generation-only request (disaggregated serving) gets its matcher and its first token
+    in one step: after ``{`` its row allows keys again (a ``"`` starts a string, which the
+    root's type would forbid)."""
+    decoder = make_decoder(backend="xgrammar", max_num_sequences=1)
+    decoder.factory = make_factory("xgrammar")
+    params = GuidedDecodingParams(json_schema=OBJECT_ALL_OF)
+    (brace,) = tokenizer.encode("{")
+    (quote,) = tokenizer.encode('"')
+    first = GuidedRequest.generation(
+        params, request_id=0, seq_slot=0, new_token=brace, is_generation_only_first_iteration=True
+    )
+    decoder.add_batch([first])
+    assert decoder.build() == []
+    assert decoder.root_types.open[0] is None
+    row = decoder.bitmask_host.numpy()[0].view(np.uint32)
+    assert (int(row[quote >> 5]) >> (quote & 31)) & 1

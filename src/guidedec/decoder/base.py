@@ -471,6 +471,8 @@ class BaseGuidedDecoder(RowFilling):
                 return False
             raise RequestError(f"sampled token {req.new_token} is rejected by its grammar")
         self.num_advanced_tokens[slot] += 1
+        if self.root_types.open[slot] is not None:
+            self.root_types.advance(slot, req.new_token)
         return True
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:

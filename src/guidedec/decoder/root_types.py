@@ -25,6 +25,7 @@ from guidedec.bitmask.layout import BITS_PER_WORD
 from guidedec.decoder.completion import ClosingVocab
 from guidedec.grammar.auto_policy import XGRAMMAR
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.schema_walk import json_type
 from guidedec.tokenizer import TokenizerInfo
 
 FIRST_CHARS = {
@@ -82,17 +83,7 @@ def _kind(name: str) -> str:
 
 
 def _value_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if value is None:
-        return "null"
-    return "number"
+    return _kind(json_type(value))
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ object. No later token can repair a root of the wrong type, so the output could 
 ``grammar_error`` (:mod:`guidedec.engine.validation`). The root's type is known from the schema
 alone (``type``, ``enum``, ``const``, ``allOf``, ``anyOf``, ``oneOf``) and from a token's first
 character that is not whitespace (``{`` an object, ``[`` an array, ``"`` a string, ``-`` or a
-digit a number, ``t`` / ``f`` a boolean, ``n`` null): on the first row of such an output the
-decoder forbids the tokens that start a value of another type. Every instance the schema
+digit a number, ``t`` / ``f`` a boolean, ``n`` null): on such an output's rows before its first
+character that is not whitespace, the decoder forbids the tokens that start a value of another
+type. Every instance the schema
 accepts starts with an allowed character, so no valid output is lost.
 """
 

@@ -249,3 +249,24 @@ def test_canonical_texts_of_schemas_up_to_the_limit_are_kept() -> None:
     assert len(big) > KEPT_CANONICAL_CHARS
     assert canonical_json_schema(big) == _canonical_text(big)
     assert _kept_canonical.cache_info() == kept  # neither looked up nor kept
+
+
+def test_a_guide_s_cache_key_is_computed_once_per_params_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large schema's canonical text is not kept (above); a request's params are keyed by
+    auto, the backend's cache and closing, so the key is kept on the params object."""
+    from guidedec.grammar import cache
+
+    computed: list[str] = []
+    monkeypatch.setattr(cache, "_canonical_text", lambda s: computed.append(s) or s.upper())
+    big = json.dumps({"enum": ["x" * 100] * 700})
+    params = GuidedDecodingParams(json_schema=big)
+    key = cache.guide_cache_key(params)
+    assert key == ("json_schema", big.upper())
+    assert cache.guide_cache_key(params) is key and len(computed) == 1
+    same = GuidedDecodingParams(json_schema=big)  # another request with the same schema
+    assert cache.guide_cache_key(same) == key and len(computed) == 2
+    assert same == params and "_cache_key" not in repr(params)
+    regex = GuidedDecodingParams(regex="[a-z]+")
+    assert cache.guide_cache_key(regex) == ("regex", "[a-z]+") and len(computed) == 2

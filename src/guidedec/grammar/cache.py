@@ -53,11 +53,18 @@ def _canonical_text(schema: str) -> str:
 
 
 def guide_cache_key(params: GuidedDecodingParams) -> Hashable:
-    """The cache key of a guide: its type and canonical text."""
-    if params.guide_type is GuideType.JSON_SCHEMA:
-        assert isinstance(params.guide, str)
-        return (params.guide_type.value, canonical_json_schema(params.guide))
-    return (params.guide_type.value, params.guide)
+    """The cache key of a guide: its type and canonical text. It is computed once per params
+    object (kept on it): a request's guide is keyed several times on its way to a matcher, and
+    a schema over ``KEPT_CANONICAL_CHARS`` costs its whole canonical text each time."""
+    key = params._cache_key
+    if key is None:
+        if params.guide_type is GuideType.JSON_SCHEMA:
+            assert isinstance(params.guide, str)
+            key = (params.guide_type.value, canonical_json_schema(params.guide))
+        else:
+            key = (params.guide_type.value, params.guide)
+        object.__setattr__(params, "_cache_key", key)
+    return key
 
 
 def _canonical(node: Any, *, keep_order: bool = False) -> Any:

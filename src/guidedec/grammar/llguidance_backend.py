@@ -22,6 +22,7 @@ from guidedec.grammar.convert import (
     regex_for_llguidance,
     structural_tag_to_lark,
 )
+from guidedec.grammar.formats import without_formats
 from guidedec.grammar.isolation import return_freed_memory
 from guidedec.grammar.matcher import (
     FILLED,
@@ -313,6 +314,7 @@ class LLGuidanceMatcherFactory(GrammarMatcherFactory):
             json.loads(schema)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise GrammarError(f"json_schema is not valid JSON: {exc}", backend=BACKEND) from exc
+        schema = without_formats(schema, knows_format)
         return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options)
 
     def _compile(self, params: GuidedDecodingParams) -> _Template:
@@ -342,6 +344,14 @@ class _Template:
         60-character grammar), else an estimate from the grammar's length."""
         estimate = _ENTRY_OVERHEAD_BYTES + _BYTES_PER_GRAMMAR_CHAR * self.grammar_chars
         return max(estimate, self.measured_bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def knows_format(name: str) -> bool:
+    """Whether llguidance enforces the string format ``name`` (it refuses a schema with any
+    other: see :mod:`guidedec.grammar.formats`)."""
+    schema = json.dumps({"type": "string", "format": name})
+    return not llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_json_schema(schema))
 
 
 def _json_options(config: GuidedDecodingConfig) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,8 @@ class GuidedDecodingParams:
     structural_tag: dict[str, Any] | str | None = None
     _type: GuideType = field(init=False, repr=False, compare=False)
     _guide: Guide = field(init=False, repr=False, compare=False)
+    _cache_key: Hashable | None = field(default=None, init=False, repr=False, compare=False)
+    """Set by :func:`guidedec.grammar.cache.guide_cache_key` at its first call."""
 
     def __post_init__(self) -> None:
         guide_type, guide = _resolve(self)

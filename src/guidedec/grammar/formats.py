@@ -1,0 +1,84 @@
+"""String formats as annotations: a ``format`` a backend does not know is dropped before it
+compiles.
+
+JSON Schema makes ``format`` an annotation unless a validator opts in to asserting it, and
+guidedec's check of complete outputs does not (:mod:`guidedec.engine.validation`); xgrammar
+treats a format it does not know the same way. llguidance refuses the whole schema instead
+("Unknown format: int32"): on JSONSchemaBench, OpenAPI's ``int32``, ``int64``, ``double``,
+``byte`` and the like sent 82 schemas to xgrammar's approximation, among them the large
+Kubernetes and MCP schemas whose xgrammar compile takes seconds. :func:`without_formats` drops
+those formats, and only those: a schema keeps every format the backend enforces, so the
+instances it accepts are exactly the ones the check accepts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+# Where sub-schemas sit: a schema, a list of schemas, or a map of names to schemas. A place left
+# out only leaves its formats to the backend, which then refuses the schema as before.
+_SCHEMA_KEYS = (
+    "additionalProperties",
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+_LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_MAP_KEYS = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "dependencies",
+)
+
+
+def without_formats(schema_text: str, known: Callable[[str], bool]) -> str:
+    """``schema_text`` without the ``format`` keywords whose value ``known`` rejects; the text
+    itself when there are none (or it is not JSON)."""
+    return _without_formats(schema_text, known)
+
+
+@lru_cache(maxsize=1024)
+def _without_formats(schema_text: str, known: Callable[[str], bool]) -> str:
+    if '"format"' not in schema_text:
+        return schema_text
+    try:
+        root = json.loads(schema_text)
+    except (ValueError, RecursionError):
+        return schema_text
+    try:
+        stripped = _walk(root, known)
+    except RecursionError:
+        return schema_text
+    return schema_text if stripped == root else json.dumps(stripped)
+
+
+def _walk(node: Any, known: Callable[[str], bool]) -> Any:
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    fmt = out.get("format")
+    if isinstance(fmt, str) and not known(fmt):
+        del out["format"]
+    for key in _SCHEMA_KEYS:
+        if isinstance(out.get(key), dict):
+            out[key] = _walk(out[key], known)
+    for key in _LIST_KEYS:
+        if isinstance(out.get(key), list):
+            out[key] = [_walk(child, known) for child in out[key]]
+    for key in _MAP_KEYS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _walk(child, known) for name, child in out[key].items()}
+    return out

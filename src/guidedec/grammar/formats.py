@@ -5,17 +5,16 @@ JSON Schema makes ``format`` an annotation unless a validator opts in to asserti
 guidedec's check of complete outputs does not (:mod:`guidedec.engine.validation`); xgrammar
 treats a format it does not know the same way. llguidance refuses the whole schema instead
 ("Unknown format: int32"): on JSONSchemaBench, OpenAPI's ``int32``, ``int64``, ``double``,
-``byte`` and the like sent 82 schemas to xgrammar's approximation, among them the large
+``byte`` and the like made it refuse 82 schemas it otherwise compiles, among them large
 Kubernetes and MCP schemas whose xgrammar compile takes seconds. :func:`without_formats` drops
-those formats, and only those: a schema keeps every format the backend enforces, so the
-instances it accepts are exactly the ones the check accepts.
+those formats, and only those: no verdict of the check changes, and every format the backend
+knows stays enforced.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 # Where sub-schemas sit: a schema, a list of schemas, or a map of names to schemas. A place left
@@ -46,12 +45,8 @@ _MAP_KEYS = (
 
 def without_formats(schema_text: str, known: Callable[[str], bool]) -> str:
     """``schema_text`` without the ``format`` keywords whose value ``known`` rejects; the text
-    itself when there are none (or it is not JSON)."""
-    return _without_formats(schema_text, known)
-
-
-@lru_cache(maxsize=1024)
-def _without_formats(schema_text: str, known: Callable[[str], bool]) -> str:
+    itself when there are none (or it is not JSON). Called once per compile (the result is not
+    kept: the compile cache keeps what it produced)."""
     if '"format"' not in schema_text:
         return schema_text
     try:

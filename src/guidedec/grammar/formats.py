@@ -17,30 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-# Where sub-schemas sit: a schema, a list of schemas, or a map of names to schemas. A place left
-# out only leaves its formats to the backend, which then refuses the schema as before.
-_SCHEMA_KEYS = (
-    "additionalProperties",
-    "items",
-    "additionalItems",
-    "contains",
-    "not",
-    "if",
-    "then",
-    "else",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
-_LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_MAP_KEYS = (
-    "properties",
-    "patternProperties",
-    "$defs",
-    "definitions",
-    "dependentSchemas",
-    "dependencies",
-)
+from guidedec.grammar.schema_walk import map_subschemas
 
 
 def without_formats(schema_text: str, known: Callable[[str], bool]) -> str:
@@ -63,17 +40,8 @@ def without_formats(schema_text: str, known: Callable[[str], bool]) -> str:
 def _walk(node: Any, known: Callable[[str], bool]) -> Any:
     if not isinstance(node, dict):
         return node
-    out = dict(node)
+    out = map_subschemas(node, lambda child: _walk(child, known))
     fmt = out.get("format")
     if isinstance(fmt, str) and not known(fmt):
         del out["format"]
-    for key in _SCHEMA_KEYS:
-        if isinstance(out.get(key), dict):
-            out[key] = _walk(out[key], known)
-    for key in _LIST_KEYS:
-        if isinstance(out.get(key), list):
-            out[key] = [_walk(child, known) for child in out[key]]
-    for key in _MAP_KEYS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: _walk(child, known) for name, child in out[key].items()}
     return out

@@ -1,11 +1,12 @@
 """Reading JSON schemas: their sub-schemas, local ``$ref`` s, the types they admit, whether two
-of them exclude each other, and whether a ``pattern`` is anchored. Used by the ``auto`` policy;
-no backend involved."""
+of them exclude each other, and whether a ``pattern`` is anchored. Used by the ``auto`` policy, the
+guide limits, the root types and the format drop (:mod:`guidedec.grammar.formats`); no backend
+involved."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -61,6 +62,23 @@ def subschemas(node: Schema) -> Iterator[Any]:
     for key in _MAP_KEYS:
         if isinstance(node.get(key), dict):
             yield from node[key].values()
+
+
+def map_subschemas(node: Schema, change: Callable[[Any], Any]) -> Schema:
+    """A copy of ``node`` with ``change`` applied to each sub-schema directly inside it, in every
+    place one may sit: those :func:`subschemas` reads, ``propertyNames`` as written, and the
+    definitions (``$defs``, ``definitions``)."""
+    out = dict(node)
+    for key in (*_SCHEMA_KEYS, "propertyNames"):
+        if isinstance(out.get(key), dict):
+            out[key] = change(out[key])
+    for key in _LIST_KEYS:
+        if isinstance(out.get(key), list):
+            out[key] = [change(child) for child in out[key]]
+    for key in (*_MAP_KEYS, "$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: change(child) for name, child in out[key].items()}
+    return out
 
 
 def reachable_schemas(root: Any) -> Iterator[Schema]:

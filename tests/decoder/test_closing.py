@@ -540,3 +540,118 @@ def test_every_output_of_a_guide_starts_from_its_first_output_s_witness(
     _closed_row(closer, second, again, tokenizer.vocab_size)
     assert closer.stats.searches == 4 and _CountingCompletes.calls == 1
     assert closer._slots[1].witness == closer._slots[0].witness
+
+
+class _CountingMoves(_CountingCompletes):
+    moves = 0
+
+    def accept_token(self, token: int) -> bool:
+        self.moves += 1
+        return self.inner.accept_token(token)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.moves += 1
+        self.inner.rollback(num_tokens)
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_token_that_keeps_the_witness_is_checked_in_one_completes(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo, backend: str
+) -> None:
+    """String content leaves the witness as it was: :meth:`BudgetCloser.admits` checks the token
+    and the witness in one ``completes`` and keeps the witness (nothing else runs); a token
+    after which it does not complete is checked as before, and what is found completes the new
+    state. Either way the matcher is left as it was."""
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    matcher = _CountingMoves(make_factory(backend).create(params))
+    assert all(matcher.accept_token(t) for t in tokenizer.encode('{"name": "ab'))
+    witness = closer._find(params, matcher, 40)
+    assert witness is not None
+    closer._slots[0].witness = witness
+    (content,) = tokenizer.encode("x")
+    _CountingMoves.calls, searches, moves = 0, closer.stats.searches, matcher.moves
+    assert closer.admits(0, matcher, params, content, 40)
+    assert closer._slots[0].after == (content, witness) and _CountingMoves.calls == 1
+    assert matcher.moves == moves  # no accept_token, no rollback of its own
+    assert closer.stats.searches == searches and closer.stats.respelled == 0
+    assert completes(matcher, witness)  # the matcher is where it was
+    (quote,) = tokenizer.encode('"')
+    assert quote != witness[0]
+    assert closer.admits(0, matcher, params, quote, 40)
+    after = closer._slots[0].after
+    assert after is not None and after[0] == quote and after[1] != witness
+    assert _CountingMoves.calls > 2  # the token with the witness, then the others
+    assert completes(matcher, witness)
+    assert matcher.accept_token(quote) and completes(matcher, after[1])
+
+
+def test_a_search_for_a_sampled_token_expands_fewer_states_than_one_for_a_row(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A search that :meth:`BudgetCloser.admits` runs (a false "no" only draws the token again)
+    expands at most ``2 * limit + 16`` states; the search for a row's own state keeps the
+    search's default (``8 * limit + 16``)."""
+    budgets: list[int | None] = []
+    witness = CompletionSearch.witness
+
+    def recorded(self: CompletionSearch, *args: object, **kwargs: object) -> object:
+        budgets.append(kwargs.get("max_nodes"))  # type: ignore[arg-type]
+        return witness(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CompletionSearch, "witness", recorded)
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    matcher = make_factory("xgrammar").create(params)
+    (brace,) = tokenizer.encode("{")
+    assert closer.admits(0, matcher, params, brace, 30)  # no witness yet: a search
+    assert budgets == [2 * 29 + 16]
+    start = GuidedRequest.context(params, request_id=1, seq_slot=0, tokens_left=30)
+    closer.forget(0)
+    _closed_row(closer, make_factory("llguidance").create(params), start, tokenizer.vocab_size)
+    assert budgets == [2 * 29 + 16, None]
+
+
+def test_a_respelled_rest_is_encoded_once(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rests a respelling encodes recur across the outputs of a guide: each text is
+    encoded once, and the kept encoding completes the state as a fresh one does."""
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
+    closer = BudgetCloser(tokenizer, num_slots=2)
+    factory = make_factory("xgrammar")
+    encoded: list[str] = []
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda text: encoded.append(text) or encode(text))
+    (token,) = tokenizer.encode("na")
+    for _ in range(2):  # two outputs at the same state
+        matcher = factory.create(params)
+        assert all(matcher.accept_token(t) for t in encode('{"na'))
+        witness = [*encode('name": "", "age": 0}'), tokenizer.stop_token_ids[0]]
+        found = closer._respelled(matcher, witness, token, 40)  # ``na`` is accepted
+        assert found is not None and completes(matcher, found)
+    assert encoded == ["na", 'me": "", "age": 0}']  # the token's own encode, then the rest once
+
+
+def test_the_digit_bound_follows_the_slot_s_guide(tokenizer: TokenizerInfo) -> None:
+    """Digits are counted under a JSON guide only: a slot whose params change (a new request
+    without ``forget``) reads the new guide's type."""
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    state = closer._slots[0]
+    (digits,) = tokenizer.encode("12")
+
+    def count(params: GuidedDecodingParams) -> int:
+        req = GuidedRequest.generation(
+            params, request_id=0, seq_slot=0, new_token=digits, tokens_left=40
+        )
+        closer._count_digits(req, state)
+        return state.digit_run
+
+    assert count(GuidedDecodingParams(json_schema=NAME_AGE)) == 2
+    assert count(GuidedDecodingParams(json_schema=NAME_AGE)) == 4
+    state.digit_run = 0
+    assert count(GuidedDecodingParams(regex="[0-9]+")) == 0

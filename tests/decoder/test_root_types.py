@@ -157,3 +157,20 @@ def test_a_handed_off_request_s_first_token_ends_the_root(
     assert decoder.root_types.open[0] is None
     row = decoder.bitmask_host.numpy()[0].view(np.uint32)
     assert (int(row[quote >> 5]) >> (quote & 31)) & 1
+
+
+def test_warm_up_builds_the_first_character_rows_once(tokenizer: TokenizerInfo) -> None:
+    """After ``warm_up`` the tokenizer's first-character rows are kept (the engine builds them
+    at start, not at the first restricted request), and a restricted request reads them."""
+    RootTypes(tokenizer, num_slots=1).warm_up()
+
+    def rebuilt() -> object:
+        raise AssertionError("the first-character rows are built again")
+
+    kept = tokenizer.backend_object("first-chars", rebuilt)
+    types = RootTypes(tokenizer, num_slots=1)
+    types.warm_up()
+    types.start(0, GuidedDecodingParams(json_schema={"type": "object"}), "xgrammar")
+    forbidden = types.open[0]
+    assert forbidden is not None
+    assert np.array_equal(forbidden, kept.forbidden(frozenset({"object"})))  # type: ignore[attr-defined]

@@ -174,3 +174,59 @@ def test_no_way_back_ends_at_once() -> None:
             jsonschema.validate(json.loads(out.text), schema)
     assert llm.steering.stats.given_up == len(broken)
     llm.close()
+
+
+class _CountingValidator(OutputValidator):
+    calls = 0
+
+    def errors(self, params: GuidedDecodingParams, instance: Any) -> Any:
+        self.calls += 1
+        return super().errors(params, instance)
+
+
+def test_a_settled_text_is_judged_once() -> None:
+    """What a check reads of the output (its settled values and its open path) decides the
+    verdict: a later check that settles nothing new (whitespace, a separator) reuses it, with
+    no validation; a different settled text or open path is judged anew, and gets its own
+    verdict."""
+    validator = _CountingValidator()
+    steering = ValueSteering(validator, lambda: None)  # type: ignore[arg-type,return-value]
+    params = GuidedDecodingParams(json_schema=WORD_SCHEMA)
+    short = steering.problem(params, '{"word": "ab"')
+    assert short is not None and "keyword 'not'" in short and validator.calls == 1
+    assert steering.problem(params, '{"word": "ab"  \n') == short
+    assert validator.calls == 1 and steering.stats.checks == 2
+    assert steering.problem(params, '{"word": "abcd"') is None and validator.calls == 2
+    other = GuidedDecodingParams(json_schema={**WORD_SCHEMA, "properties": {"word": {}}})
+    assert steering.problem(other, '{"word": "ab"') is None and validator.calls == 3
+
+
+def test_a_token_neither_check_applies_to_is_kept_without_a_check(tokenizer: Any) -> None:
+    """``check_sampled`` asks closing to check a token only when ``BudgetCloser.checks`` says
+    so, and steering only for a token with a structural character: otherwise the token is
+    kept as drawn, and nothing is redrawn."""
+    from guidedec.decoder.closing import BudgetCloser
+    from guidedec.engine.steering import check_sampled
+
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    asked: list[int] = []
+    closer.checks = lambda slot, params, token, left: bool(asked.append(token))  # type: ignore[method-assign]
+    closer.admits = lambda *args: pytest.fail("admits ran")  # type: ignore[method-assign]
+    steering = ValueSteering(OutputValidator(), lambda: closer.vocab().structural)
+    steering.problem = lambda *args: pytest.fail("steering checked")  # type: ignore[method-assign]
+    params = GuidedDecodingParams(json_schema=WORD_SCHEMA)
+    (content,) = tokenizer.encode("ab")
+    kept = check_sampled(
+        content,
+        params=params,
+        slot=0,
+        matcher=None,  # type: ignore[arg-type]
+        closer=closer,
+        steering=steering,
+        closing=True,
+        tokens_left=10,
+        output_ids=[],
+        tokenizer=tokenizer,
+        redraw=lambda banned: pytest.fail("redrawn"),
+    )
+    assert kept == (content, None) and asked == [content]

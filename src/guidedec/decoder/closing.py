@@ -19,7 +19,8 @@ Cost bounds: no search before ``WINDOW`` tokens are left; under a JSON guide wit
 and the witness is not replayed after them either (it is *stale*: replayed once, at the next
 token that is checked or once the room runs short, so a run of string content costs one replay);
 the witness of a guide's initial state is kept, and tried first at every output's start;
-a search expands at most ``8 * tokens_left + 16`` states.
+a search expands at most ``8 * tokens_left + 16`` states, one for a sampled token
+``2 * tokens_left + 16``.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.
@@ -64,6 +65,14 @@ RECENT_KEPT = 8
 RECENT_SLACK = 8
 """Room a kept witness must leave to be used: it may be longer than a fresh search's, which
 matters only where the budget is close."""
+ENCODINGS_KEPT = 4096
+"""Texts whose encodings are kept (all are dropped when it fills)."""
+ADMITS_NODES = 2
+"""A search for a sampled token (:meth:`BudgetCloser.admits`) expands at most
+``ADMITS_NODES * tokens_left + 16`` states, a quarter of a search for the row's own state: a
+false "no" only draws the token again, and a search that finds nothing costs its whole budget
+(the witnesses found there take a few nodes)."""
+_JSON_GUIDES = (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
 CHECK_ROOM = 24
 """Room (tokens left beyond the witness) below which each sampled token is checked: one token
 can commit the output to many more (a further tool call, an optional key)."""
@@ -94,6 +103,8 @@ class _SlotState:
     digit_run: int = 0  # ASCII digits at the end of the output
     moved: bool = False  # the matcher moved by more than the row's token since the witness
     stale: bool = False  # unchecked tokens followed the witness: replayed before any use
+    guide: GuidedDecodingParams | None = None  # the params ``json`` was read from
+    json: bool = False  # the guide is a JSON schema or object (digit runs are bounded)
 
 
 @dataclass
@@ -113,6 +124,7 @@ class BudgetCloser:
         self._starts: dict[object, list[int]] = {}  # guide -> a witness of its initial state
         self._keys: dict[int, tuple[GuidedDecodingParams, object]] = {}
         self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
+        self._encodings: dict[str, list[int]] = {}  # text -> its token ids (see _respelled)
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
         """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
@@ -143,6 +155,9 @@ class BudgetCloser:
         assert left is not None
         state = self._slots[req.seq_slot]
         self._bound_digits(req, state, words)
+        if state.witness is None and state.after is None and left > state.next_search:
+            state.moved = state.stale = False
+            return  # before the window (or between searches with no witness): nothing to do
         witness, after = state.witness, state.after
         state.after = None
         if state.moved:
@@ -225,10 +240,10 @@ class BudgetCloser:
     def _count_digits(self, req: GuidedRequest, state: _SlotState) -> DigitTokens | None:
         """Count the ASCII digits the output ends with (under a JSON guide: else None)."""
         params = req.guided_decoding_params
-        if params is None or params.guide_type not in (
-            GuideType.JSON_SCHEMA,
-            GuideType.JSON_OBJECT,
-        ):
+        if params is not state.guide:
+            state.guide = params
+            state.json = params is not None and params.guide_type in _JSON_GUIDES
+        if not state.json:
             return None
         digits = self._digits
         if digits is None:
@@ -275,7 +290,7 @@ class BudgetCloser:
         content, digits, whitespace opens nothing)."""
         if len(witness) + CHECK_ROOM >= tokens_left:
             return False
-        if params.guide_type not in (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT):
+        if params.guide_type not in _JSON_GUIDES:
             return False
         structural = self.vocab().structural
         return 0 <= token < structural.shape[0] and not structural[token]
@@ -317,16 +332,24 @@ class BudgetCloser:
         if witness and witness[0] == token and not (state.moved or state.stale):
             state.after = (token, witness[1:])
             return True
-        if matcher.is_terminated() or not matcher.accept_token(token):
+        if matcher.is_terminated():
+            return True
+        # Most tokens leave the witness as it was (string content): one call checks both.
+        tried = bool(witness) and len(witness or ()) < tokens_left
+        if witness and tried and completes(matcher, [token, *witness]):
+            state.after = (token, witness)
+            return True
+        if not matcher.accept_token(token):
             return True  # nothing to check: the build reports a rejected token
         try:
             if matcher.is_terminated():
                 return True
-            found = _replayed(matcher, witness, tokens_left - 1)
+            found = _replayed(matcher, witness, tokens_left - 1, first=int(tried))
             if found is None:
                 found = self._respelled(matcher, witness, token, tokens_left - 1)
             if found is None:
-                found = self._find(params, matcher, tokens_left - 1)
+                limit = tokens_left - 1
+                found = self._find(params, matcher, limit, max_nodes=ADMITS_NODES * limit + 16)
         finally:
             matcher.rollback(1)
         if found is None:
@@ -366,18 +389,33 @@ class BudgetCloser:
             rest = text[len(solid) :]
         else:
             return None
-        candidate = [*self.tokenizer.encode(rest), witness[-1]] if rest else witness[-1:]
+        candidate = [*self._encoded(rest), witness[-1]] if rest else witness[-1:]
         if len(candidate) <= limit and completes(matcher, candidate):
             self.stats.respelled += 1
             return candidate
         return None
 
+    def _encoded(self, text: str) -> list[int]:
+        """``text``'s token ids; the rests a respelling encodes recur (``":""}``)."""
+        known = self._encodings.get(text)
+        if known is None:
+            if len(self._encodings) >= ENCODINGS_KEPT:
+                self._encodings.clear()
+            known = self._encodings[text] = self.tokenizer.encode(text)
+        return known
+
     def _find(
-        self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int, start: bool = False
+        self,
+        params: GuidedDecodingParams,
+        matcher: GrammarMatcher,
+        left: int,
+        start: bool = False,
+        max_nodes: int | None = None,
     ) -> list[int] | None:
         """A witness within ``left`` tokens: a kept one of the guide's (its initial state's
         first when ``start``: every output of a guide begins there) that completes the
-        matcher's state, else a search's."""
+        matcher's state, else a search's (of at most ``max_nodes`` expansions: the search's
+        default when None)."""
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
         self._search.gave_up = False
@@ -401,7 +439,7 @@ class BudgetCloser:
                 self.stats.recent_hits += 1
                 return known
         began = time.perf_counter()
-        witness = self._search.witness(matcher, left, words=self._words[key])
+        witness = self._search.witness(matcher, left, words=self._words[key], max_nodes=max_nodes)
         self.stats.search_s += time.perf_counter() - began
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes
@@ -424,14 +462,16 @@ class BudgetCloser:
         return key
 
 
-def _replayed(matcher: GrammarMatcher, witness: list[int] | None, limit: int) -> list[int] | None:
-    """The previous witness (or the rest of it after its first few tokens) when it still completes
-    the matcher's state within ``limit`` tokens: a sampled token inside a string or a number
-    seldom changes how the output can end, and a replay costs no mask fill. The matcher is
-    left as it was."""
+def _replayed(
+    matcher: GrammarMatcher, witness: list[int] | None, limit: int, first: int = 0
+) -> list[int] | None:
+    """The previous witness (or the rest of it after its first few tokens, from ``first`` on)
+    when it still completes the matcher's state within ``limit`` tokens: a sampled token inside
+    a string or a number seldom changes how the output can end, and a replay costs no mask
+    fill. The matcher is left as it was."""
     if not witness:
         return None
-    for skip in range(min(REPLAY_SKIPS, len(witness)) + 1):
+    for skip in range(first, min(REPLAY_SKIPS, len(witness)) + 1):
         candidate = witness[skip:]
         if not candidate or len(candidate) > limit:
             continue

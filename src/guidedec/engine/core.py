@@ -116,6 +116,7 @@ class EngineCore:
         # now, not beside the first guided requests' steps (they would stall every request).
         self.factory.warm_up()
         self.decoder.closer.warm_up()
+        self.decoder.root_types.warm_up()
         if cuda_graphs and speculator is None:  # decode steps replay; the rest run eagerly
             self.graphs = DecodeGraphs(runner, CapturableGuidedDecoder(self.decoder))
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)

@@ -52,6 +52,8 @@ CONTEXTUAL_KEYWORDS = frozenset(
 )
 """Keywords whose verdict on a value depends on other parts of the instance."""
 GUIDES_KEPT = 1024
+VERDICTS_KEPT = 1024
+"""Verdicts of :meth:`ValueSteering.problem` kept (all are dropped when it fills)."""
 MAX_RESAMPLES = 4
 """Draws of one row that closing or steering may refuse before the engine gives up on better."""
 NO_FIT = ""
@@ -76,6 +78,8 @@ class ValueSteering:
         self.validator = validator
         self._structural = structural  # per token id: whether its text holds {}[],:"
         self._inexact: OrderedDict[object, bool] = OrderedDict()
+        # (guide, settled text, open path) -> problem(): the checks of one output repeat it
+        self._verdicts: dict[tuple[object, str, object], str | None] = {}
         self.stats = SteeringStats()
 
     def applies(self, params: GuidedDecodingParams, matcher: GrammarMatcher) -> bool:
@@ -107,12 +111,24 @@ class ValueSteering:
         prefix = scan_prefix(text)
         if prefix.closed is None:
             return None
+        key = (params.guide, prefix.closed, prefix.open_path)
+        if key in self._verdicts:  # a whitespace or a separator settles nothing new
+            return self._verdicts[key]
+        verdict = self._judge(params, prefix.closed, prefix.open_path)
+        if len(self._verdicts) >= VERDICTS_KEPT:
+            self._verdicts.clear()
+        self._verdicts[key] = verdict
+        return verdict
+
+    def _judge(
+        self, params: GuidedDecodingParams, closed: str, open_path: tuple[str | int, ...] | None
+    ) -> str | None:
         try:
-            instance = json.loads(prefix.closed)
+            instance = json.loads(closed)
         except (ValueError, RecursionError):
             return None
         for error in self.validator.errors(params, instance):
-            if _settled(error, prefix.open_path):
+            if _settled(error, open_path):
                 return describe_error(error)
         return None
 
@@ -167,6 +183,10 @@ def check_sampled(
     budget-aware closing (``closing``) one after which no completion fits what is left; a
     refused token is drawn again without it (``redraw``). Returns the token to emit, and the
     settled error when no draw kept the output valid (the output cannot be made valid)."""
+    if (steering is None or not steering.needs_check(token)) and not (
+        closing and closer.checks(slot, params, token, tokens_left)
+    ):
+        return token, None  # most tokens: neither check applies (refusal below returns None)
 
     def refusal(candidate: int) -> str | None:
         if (

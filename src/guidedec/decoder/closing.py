@@ -334,11 +334,12 @@ class BudgetCloser:
             return True
         if matcher.is_terminated():
             return True
-        # Most tokens leave the witness as it was (string content): one call checks both.
-        tried = bool(witness) and len(witness or ()) < tokens_left
-        if witness and tried and completes(matcher, [token, *witness]):
-            state.after = (token, witness)
-            return True
+        tried = False  # most tokens leave the witness as it was (string content)
+        if witness and len(witness) < tokens_left:
+            tried = True
+            if completes(matcher, [token, *witness]):  # one call checks both
+                state.after = (token, witness)
+                return True
         if not matcher.accept_token(token):
             return True  # nothing to check: the build reports a rejected token
         try:

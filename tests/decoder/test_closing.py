@@ -586,34 +586,6 @@ def test_a_token_that_keeps_the_witness_is_checked_in_one_completes(
     assert matcher.accept_token(quote) and completes(matcher, after[1])
 
 
-def test_a_search_for_a_sampled_token_expands_fewer_states_than_one_for_a_row(
-    make_factory: Callable[..., GrammarMatcherFactory],
-    tokenizer: TokenizerInfo,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A search that :meth:`BudgetCloser.admits` runs (a false "no" only draws the token again)
-    expands at most ``2 * limit + 16`` states; the search for a row's own state keeps the
-    search's default (``8 * limit + 16``)."""
-    budgets: list[int | None] = []
-    witness = CompletionSearch.witness
-
-    def recorded(self: CompletionSearch, *args: object, **kwargs: object) -> object:
-        budgets.append(kwargs.get("max_nodes"))  # type: ignore[arg-type]
-        return witness(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(CompletionSearch, "witness", recorded)
-    params = GuidedDecodingParams(json_schema=NAME_AGE)
-    closer = BudgetCloser(tokenizer, num_slots=1)
-    matcher = make_factory("xgrammar").create(params)
-    (brace,) = tokenizer.encode("{")
-    assert closer.admits(0, matcher, params, brace, 30)  # no witness yet: a search
-    assert budgets == [2 * 29 + 16]
-    start = GuidedRequest.context(params, request_id=1, seq_slot=0, tokens_left=30)
-    closer.forget(0)
-    _closed_row(closer, make_factory("llguidance").create(params), start, tokenizer.vocab_size)
-    assert budgets == [2 * 29 + 16, None]
-
-
 def test_a_respelled_rest_is_encoded_once(
     make_factory: Callable[..., GrammarMatcherFactory],
     tokenizer: TokenizerInfo,

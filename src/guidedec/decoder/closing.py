@@ -19,8 +19,7 @@ Cost bounds: no search before ``WINDOW`` tokens are left; under a JSON guide wit
 and the witness is not replayed after them either (it is *stale*: replayed once, at the next
 token that is checked or once the room runs short, so a run of string content costs one replay);
 the witness of a guide's initial state is kept, and tried first at every output's start;
-a search expands at most ``8 * tokens_left + 16`` states, one for a sampled token
-``2 * tokens_left + 16``.
+a search expands at most ``8 * tokens_left + 16`` states.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.
@@ -67,11 +66,6 @@ RECENT_SLACK = 8
 matters only where the budget is close."""
 ENCODINGS_KEPT = 4096
 """Texts whose encodings are kept (all are dropped when it fills)."""
-ADMITS_NODES = 2
-"""A search for a sampled token (:meth:`BudgetCloser.admits`) expands at most
-``ADMITS_NODES * tokens_left + 16`` states, a quarter of a search for the row's own state: a
-false "no" only draws the token again, and a search that finds nothing costs its whole budget
-(the witnesses found there take a few nodes)."""
 _JSON_GUIDES = (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
 CHECK_ROOM = 24
 """Room (tokens left beyond the witness) below which each sampled token is checked: one token
@@ -349,8 +343,7 @@ class BudgetCloser:
             if found is None:
                 found = self._respelled(matcher, witness, token, tokens_left - 1)
             if found is None:
-                limit = tokens_left - 1
-                found = self._find(params, matcher, limit, max_nodes=ADMITS_NODES * limit + 16)
+                found = self._find(params, matcher, tokens_left - 1)
         finally:
             matcher.rollback(1)
         if found is None:
@@ -406,17 +399,11 @@ class BudgetCloser:
         return known
 
     def _find(
-        self,
-        params: GuidedDecodingParams,
-        matcher: GrammarMatcher,
-        left: int,
-        start: bool = False,
-        max_nodes: int | None = None,
+        self, params: GuidedDecodingParams, matcher: GrammarMatcher, left: int, start: bool = False
     ) -> list[int] | None:
         """A witness within ``left`` tokens: a kept one of the guide's (its initial state's
         first when ``start``: every output of a guide begins there) that completes the
-        matcher's state, else a search's (of at most ``max_nodes`` expansions: the search's
-        default when None)."""
+        matcher's state, else a search's."""
         if self._search is None:
             self._search = CompletionSearch(self.tokenizer)
         self._search.gave_up = False
@@ -440,7 +427,7 @@ class BudgetCloser:
                 self.stats.recent_hits += 1
                 return known
         began = time.perf_counter()
-        witness = self._search.witness(matcher, left, words=self._words[key], max_nodes=max_nodes)
+        witness = self._search.witness(matcher, left, words=self._words[key])
         self.stats.search_s += time.perf_counter() - began
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes

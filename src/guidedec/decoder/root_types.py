@@ -135,9 +135,12 @@ class RootTypes:
     def warm_up(self) -> None:
         """Build the tokenizer's first-character rows (~0.2 s) now rather than at the first
         restricted request."""
+        self._first_chars()
+
+    def _first_chars(self) -> FirstCharRows:
         if not self._texts:
             self._texts = ClosingVocab.of(self._tokenizer).texts
-        FirstCharRows.of(self._tokenizer, self._texts)
+        return FirstCharRows.of(self._tokenizer, self._texts)
 
     def start(self, slot: int, params: GuidedDecodingParams, backend: str) -> None:
         """A matcher was created for the slot: its first rows are restricted where the guide
@@ -179,9 +182,7 @@ class RootTypes:
             types = None
         row = None
         if types and types != frozenset(KINDS):
-            if not self._texts:
-                self._texts = ClosingVocab.of(self._tokenizer).texts
-            row = FirstCharRows.of(self._tokenizer, self._texts).forbidden(types)
+            row = self._first_chars().forbidden(types)
         self._forbidden[schema_text] = row
         if len(self._forbidden) > GUIDES_KEPT:
             self._forbidden.popitem(last=False)

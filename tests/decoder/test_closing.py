@@ -18,11 +18,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.closing import CHECK_ROOM, BudgetCloser
+from guidedec.decoder.closing import CHECK_ROOM, BudgetCloser, _rests
 from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, completes, guide_words
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.matcher import (
@@ -607,6 +609,63 @@ def test_a_respelled_rest_is_encoded_once(
         found = closer._respelled(matcher, witness, token, 40)  # ``na`` is accepted
         assert found is not None and completes(matcher, found)
     assert encoded == ["na", 'me": "", "age": 0}']  # the token's own encode, then the rest once
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("before", "written", "witness_text", "rest"),
+    [
+        # whitespace before the structural character the witness begins with
+        ('{"name": ""', " ,", ', "age": 0}', ' "age": 0}'),
+        # the model closes the string where the witness wrote content first
+        ('{"name": "', '",', 'x", "age": 0}', ' "age": 0}'),
+        # content, then the quote the witness begins with
+        ('{"name": "', ')"', '", "age": 0}', ', "age": 0}'),
+    ],
+)
+def test_the_witness_s_rest_after_what_the_token_wrote_is_found_without_a_search(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    backend: str,
+    before: str,
+    written: str,
+    witness_text: str,
+    rest: str,
+) -> None:
+    """A token that writes the witness's structural character after whitespace, or after
+    content of its own, or that skips what the witness wrote before it: the witness's text
+    from there on, encoded again, completes the new state."""
+    params = GuidedDecodingParams(json_schema=NAME_AGE)
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    matcher = make_factory(backend).create(params)
+    (token,) = tokenizer.encode(written)
+    assert all(matcher.accept_token(t) for t in [*tokenizer.encode(before), token])
+    stop = tokenizer.stop_token_ids[0]
+    witness = [*tokenizer.encode(witness_text), stop]
+    found = closer._respelled(matcher, witness, token, 40)
+    assert found == [*tokenizer.encode(rest), stop]
+    assert completes(matcher, found) and closer.stats.respelled == 1
+    assert closer._respelled(matcher, witness, token, len(found) - 1) is None  # over the limit
+
+
+@given(written=st.text('ab ,"\n', max_size=4), text=st.text('ab,"}', max_size=8))
+def test_each_rest_is_what_follows_the_token_s_text_in_the_witness_s(
+    written: str, text: str
+) -> None:
+    """Each rest is ``text`` after an occurrence of ``written`` (whitespace stripped), or of
+    its end at the start: what the output would still have to write had it followed the
+    witness. The rest after ``written`` itself comes first."""
+    rests = _rests(written, text)
+    solid = written.strip()
+    for rest in rests:
+        assert text.endswith(rest)
+        done = text[: len(text) - len(rest)]
+        assert done == written or done.endswith(solid) or solid.endswith(done)
+        assert solid or done == written
+    if text.startswith(written):
+        assert rests == [text[len(written) :]]
+    elif solid and (solid in text or solid[-1] == text[:1]):
+        assert rests
 
 
 def test_the_digit_bound_follows_the_slot_s_guide(tokenizer: TokenizerInfo) -> None:

@@ -363,9 +363,11 @@ class BudgetCloser:
         """The previous witness's text after what ``token`` (just accepted) wrote of it, encoded
         again, when it completes the matcher's state within ``limit`` tokens (left as it was).
         The model often writes the witness's text in another split into tokens (``da`` where
-        the witness had ``data``), or whitespace after one of its structural characters (``{``
-        and a newline where it had ``{"``): a replay of the witness's tokens misses both, and
-        a search costs twenty times as much as this."""
+        the witness had ``data``), whitespace around one of its structural characters (``{``
+        and a newline where it had ``{"``), or a structural character after content of its own
+        or before the witness's (``"`` where it had ``0"``): a replay of the witness's tokens
+        misses all of these (:func:`_rests` lists where the output may stand), and a search
+        costs twenty times as much as this."""
         if not witness or len(witness) < 2:
             return None
         texts = self.vocab().texts
@@ -376,17 +378,11 @@ class BudgetCloser:
             return None
         if "\ufffd" in written or "\ufffd" in text:
             return None  # a piece of a character: the texts do not line up
-        solid = written.rstrip()
-        if text.startswith(written):
-            rest = text[len(written) :]
-        elif solid and text.startswith(solid):
-            rest = text[len(solid) :]
-        else:
-            return None
-        candidate = [*self._encoded(rest), witness[-1]] if rest else witness[-1:]
-        if len(candidate) <= limit and completes(matcher, candidate):
-            self.stats.respelled += 1
-            return candidate
+        for rest in _rests(written, text):
+            candidate = [*self._encoded(rest), witness[-1]] if rest else witness[-1:]
+            if len(candidate) <= limit and completes(matcher, candidate):
+                self.stats.respelled += 1
+                return candidate
         return None
 
     def _encoded(self, text: str) -> list[int]:
@@ -466,3 +462,27 @@ def _replayed(
         if completes(matcher, candidate):
             return candidate
     return None
+
+
+def _rests(written: str, text: str) -> list[str]:
+    """Where the output may stand in the witness's ``text`` after a token that wrote
+    ``written``, as the rest of ``text`` from there, likeliest first: ``written`` (or it without
+    surrounding whitespace) is how ``text`` begins; else it is found further on (the model left
+    out what the witness had before it: ``"`` for ``0"}``); else its end is how ``text`` begins
+    (``="`` for ``"}``: what came before went into a string)."""
+    solid = written.strip()
+    if text.startswith(written):
+        return [text[len(written) :]]
+    if not solid:
+        return []
+    if text.startswith(solid):
+        return [text[len(solid) :]]
+    rests = []
+    at = text.find(solid)
+    if at > 0:
+        rests.append(text[at + len(solid) :])
+    for cut in range(1, len(solid)):
+        if text.startswith(solid[cut:]):
+            rests.append(text[len(solid) - cut :])
+            break
+    return rests

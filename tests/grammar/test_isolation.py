@@ -203,3 +203,17 @@ def test_the_cache_counts_what_an_llguidance_guide_holds(isolation: CompileIsola
     unmeasured = _factory("llguidance", None)  # type: ignore[arg-type]
     unmeasured.create(guide)
     assert unmeasured.cache.stats().size_bytes < 1_000_000
+
+
+def test_a_slow_first_mask_does_not_count_as_compile_time(isolation: CompileIsolation) -> None:
+    """llguidance compiles a nested Lark repetition in milliseconds and builds its lexer over
+    the first mask (seconds). The probe holds only the compile against the deadline (the caller
+    compiles again, and fills the first mask later, under the mask-time limit): such a guide is
+    not refused as a compile that would pass the timeout."""
+    guide = GuidedDecodingParams(lark="start: /(a{700}){700}/")
+    factory = _factory("llguidance", isolation)
+    start = time.monotonic()
+    report = isolation.probe("llguidance", guide, factory.config)
+    took = time.monotonic() - start
+    assert took > 0.5  # the first mask is slow...
+    assert report.seconds < took / 4  # ...and is not counted as compiling

@@ -14,7 +14,10 @@ the tokenizer and every token mask (185 MB and 12 s for a 16 MB Kubernetes gramm
 compiles in about a millisecond. So the probe costs one more compile of each new guide (cached
 guides cost nothing): a few milliseconds for most guides, as long again for the slow ones. The
 second compile cannot be stopped, so a guide whose probe leaves less time before the deadline
-than the probe took fails then: a guide must compile within about half of the timeout.
+than its compile took there fails then: a guide must compile within about half of the timeout.
+The first mask is not held against that margin: the caller fills it later, in a step, where the
+mask-time limit watches it (llguidance compiles a nested Lark repetition in milliseconds, and
+builds its lexer over the first mask's seconds).
 
 Workers are forked from a fork server (a fresh process that imported both backends and built
 the default tokenizer's views), never from the caller, whose other threads may hold locks.
@@ -320,8 +323,9 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
                 factories.append((backend, options, factory))
             before, start = heap_in_use(), time.monotonic()
             matcher = factory.create(params)
+            seconds = time.monotonic() - start  # the compile: the caller does it again
             matcher.fill_next_token_bitmask(bitmask, 0)
-            seconds, after = time.monotonic() - start, heap_in_use()
+            after = heap_in_use()
             held = -1 if before is None or after is None else max(0, after - before)
             del matcher
             factory.cache.clear()
@@ -332,8 +336,9 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ProbeReport:
-    """What a worker measured of one guide: the seconds its compile and first mask took, and
-    the heap bytes the compiled guide held then (None where the C library cannot say)."""
+    """What a worker measured of one guide: the seconds its compile took (its first mask not
+    counted), and the heap bytes the compiled guide held after its first mask (None where the C
+    library cannot say)."""
 
     seconds: float
     heap_bytes: int | None

@@ -336,9 +336,9 @@ def test_a_captured_step_masks_by_the_replayed_host_functions(tokenizer, compact
         graph.replay()
         decoder.drain_after_replay()
         torch.cuda.synchronize()
-        expected = next_token_mask(
-            feed_tokens(factory.create(JSON), tokens[: i + 1]), tokenizer.vocab_size
-        )
+        reference = factory.create(JSON)
+        assert feed_tokens(reference, tokens[: i + 1]) == i + 1
+        expected = next_token_mask(reference, tokenizer.vocab_size)
         allowed = torch.isfinite(logits[0]).cpu()
         assert torch.equal(allowed, _bits(expected, tokenizer.vocab_size)), i
     assert decoder.pop_failures() == []

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from guidedec.version import __version__
+
 
 def environment() -> dict[str, Any]:
     """Versions (Python, torch, xgrammar, llguidance, guidedec), torch threads, CPU count,
@@ -19,7 +21,7 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "xgrammar": importlib.metadata.version("xgrammar"),
         "llguidance": importlib.metadata.version("llguidance"),
-        "guidedec": importlib.metadata.version("guidedec"),
+        "guidedec": __version__,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

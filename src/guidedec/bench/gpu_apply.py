@@ -6,6 +6,11 @@ reads the bitmask and writes only forbidden logits), so ``apply / copy`` near or
 the kernel runs at memory speed. Rows mix real mask shapes: half allow ~1% of the vocabulary
 (inside a JSON structure), half ~98% (inside a string). CUDA events, medians of ``--repeats``.
 
+A call timed alone includes its launch from the host (Triton's launcher costs tens of
+microseconds, more than the kernel at small batches). The ``graph`` columns time the copy and the
+Triton kernel replayed inside a CUDA graph of ``GRAPH_CALLS`` calls, per call: the device time
+alone, which is what the engine's decode-step graphs pay.
+
 Usage::
 
     HF_HUB_OFFLINE=1 guidedec bench gpu-apply --out bench-out/gpu_apply
@@ -31,6 +36,7 @@ from guidedec.testing import random_bitmask
 VOCABS = (128_256, 151_936)
 BATCHES = (1, 4, 16, 64, 256)
 METHODS: tuple[Backend, ...] = ("triton", "torch")
+GRAPH_CALLS = 20
 
 
 def mixed_bitmask(rows: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
@@ -55,6 +61,22 @@ def timed_ms(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
+def graphed_ms(fn: Any, repeats: int) -> float:
+    """Median milliseconds per call of ``fn()`` replayed in a CUDA graph of ``GRAPH_CALLS``
+    calls (warmed up on a side stream first, as capture requires)."""
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return timed_ms(graph.replay, repeats) / GRAPH_CALLS
+
+
 def measure(vocab: int, batch: int, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(vocab + batch)
     logits = torch.randn(batch, vocab, generator=generator).to(dtype).cuda()
@@ -74,20 +96,30 @@ def measure(vocab: int, batch: int, dtype: torch.dtype, repeats: int) -> dict[st
         ms = timed_ms(lambda m=method, w=work: apply_bitmask(w, bitmask, backend=m), repeats)
         row[f"{method}_ms"] = ms
         row[f"{method}_over_copy"] = ms / copy_ms
+    work = logits.clone()
+    row["copy_graph_ms"] = graphed_ms(lambda: target.copy_(logits), repeats)
+    row["triton_graph_ms"] = graphed_ms(
+        lambda: apply_bitmask(work, bitmask, backend="triton"), repeats
+    )
+    if not torch.equal(work.view(bits), reference.view(bits)):
+        raise AssertionError(f"triton in a graph differs from the reference at V={vocab} B={batch}")
+    row["triton_graph_over_copy"] = row["triton_graph_ms"] / row["copy_graph_ms"]
     return row
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| vocab | batch | dtype | copy (ms) | triton (ms) | triton / copy | torch ref (ms) "
-        "| torch / copy |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| torch / copy | copy, graph (ms) | triton, graph (ms) | triton / copy, graph |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['vocab']:,} | {r['batch']} | {r['dtype'].removeprefix('torch.')} "
             f"| {r['copy_ms']:.4f} | {r['triton_ms']:.4f} | {r['triton_over_copy']:.2f}x "
-            f"| {r['torch_ms']:.4f} | {r['torch_over_copy']:.2f}x |"
+            f"| {r['torch_ms']:.4f} | {r['torch_over_copy']:.2f}x "
+            f"| {r['copy_graph_ms']:.4f} | {r['triton_graph_ms']:.4f} "
+            f"| {r['triton_graph_over_copy']:.2f}x |"
         )
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.closing import CHECK_ROOM, BudgetCloser, _rests
+from guidedec.decoder.closing import BudgetCloser, _rests
 from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, completes, guide_words
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.matcher import (
@@ -476,46 +476,41 @@ def _closed_row(
     return words
 
 
+LONG_NAME = "b" * 40
+COMMITTING_NAME = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        LONG_NAME: {"type": "array", "items": {"type": "integer"}, "minItems": 25},
+    },
+    "additionalProperties": False,
+}
+
+
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
-def test_a_run_of_string_content_with_room_to_spare_replays_no_witness(
-    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo, backend: str
+def test_string_content_that_commits_to_a_long_value_is_checked(
+    make_factory: Callable[..., GrammarMatcherFactory], backend: str
 ) -> None:
-    """Tokens that :meth:`BudgetCloser.checks` lets through (string content, with more than
-    ``CHECK_ROOM`` tokens of room) leave the witness as it was, unreplayed; the first token
-    that is checked (the closing quote) replays it once, and what it finds completes the
-    state."""
-    params = GuidedDecodingParams(json_schema=NAME_AGE)
-    closer = BudgetCloser(tokenizer, num_slots=1)
-    matcher = _CountingCompletes(make_factory(backend).create(params))
-    prefix = tokenizer.encode('{"name": "')
-    assert all(matcher.accept_token(token) for token in prefix)
-    left = 60
-    closer.moved(0)  # the matcher moved: a witness for its state, searched for
-    request = GuidedRequest.generation(
-        params, request_id=0, seq_slot=0, new_token=prefix[-1], tokens_left=left
-    )
-    _closed_row(closer, matcher, request, tokenizer.vocab_size)
-    witness = closer._slots[0].witness
-    assert witness is not None and len(witness) + CHECK_ROOM < left - 8
-    _CountingCompletes.calls = 0
-    content = tokenizer.encode("abcdefghij klmnop")
-    for token in content:
-        assert not closer.checks(0, params, token, left)
-        assert matcher.accept_token(token)
-        left -= 1
-        request = GuidedRequest.generation(
-            params, request_id=0, seq_slot=0, new_token=token, tokens_left=left
+    """A token inside a property name chooses the names that begin with it: after ``"b`` the
+    output owes the rest of a 40-character name and an array of at least 25 items, more than a
+    48-token budget holds once a few tokens are spent, though ``{}`` fits it. Such a token is
+    checked like a structural one, whatever room the output had, so every output ends within
+    its budget and validates (while string content with room to spare went unchecked, about a
+    third of these outputs were cut)."""
+    from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
+
+    decoder = make_decoder(backend=backend, factory=make_factory(backend), max_num_sequences=16)
+    guide = GuidedDecodingParams(json_schema=COMMITTING_NAME)
+    outputs = []
+    for seed in range(2):
+        outputs += uniform_guided_generate(
+            decoder, [guide] * 16, seed=seed, max_tokens=48, checks=EngineChecks()
         )
-        words = _closed_row(closer, matcher, request, tokenizer.vocab_size)
-        assert words.any() and closer.fallback(0) is None  # not forced, and not trusted
-    assert _CountingCompletes.calls == 0
-    (quote,) = tokenizer.encode('"')
-    assert closer.checks(0, params, quote, left)
-    assert closer.admits(0, matcher, params, quote, left)
-    after = closer._slots[0].after
-    assert after is not None and after[0] == quote and _CountingCompletes.calls >= 1
-    assert matcher.accept_token(quote)
-    assert completes(matcher, after[1]) and len(after[1]) <= left - 1
+    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
+    assert all(out.finished and out.error is None for out in outputs), texts
+    for text in texts:
+        jsonschema.validate(json.loads(text), COMMITTING_NAME)
+    assert decoder.closer.stats.resampled > 0  # tokens of the long name were drawn again
 
 
 def test_every_output_of_a_guide_starts_from_its_first_output_s_witness(

@@ -210,7 +210,7 @@ def test_a_token_neither_check_applies_to_is_kept_without_a_check(tokenizer: Any
 
     closer = BudgetCloser(tokenizer, num_slots=1)
     asked: list[int] = []
-    closer.checks = lambda slot, params, token, left: bool(asked.append(token))  # type: ignore[method-assign]
+    closer.checks = lambda slot, left: bool(asked.append(left))  # type: ignore[method-assign]
     closer.admits = lambda *args: pytest.fail("admits ran")  # type: ignore[method-assign]
     steering = ValueSteering(OutputValidator(), lambda: closer.vocab().structural)
     steering.problem = lambda *args: pytest.fail("steering checked")  # type: ignore[method-assign]
@@ -229,4 +229,4 @@ def test_a_token_neither_check_applies_to_is_kept_without_a_check(tokenizer: Any
         tokenizer=tokenizer,
         redraw=lambda banned: pytest.fail("redrawn"),
     )
-    assert kept == (content, None) and asked == [content]
+    assert kept == (content, None) and asked == [10]

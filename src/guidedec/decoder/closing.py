@@ -14,12 +14,12 @@ Before it searches, the closer replays the witnesses it found lately for the sam
 (``RECENT_KEPT``): the outputs of one guide pass through the same states, and a replay is exact
 (the matcher accepts the witness and ends with it) and costs no mask fill.
 
-Cost bounds: no search before ``WINDOW`` tokens are left; under a JSON guide with more than
-``CHECK_ROOM`` tokens of room, sampled tokens without a structural character are not checked,
-and the witness is not replayed after them either (it is *stale*: replayed once, at the next
-token that is checked or once the room runs short, so a run of string content costs one replay);
-the witness of a guide's initial state is kept, and tried first at every output's start;
-a search expands at most ``8 * tokens_left + 16`` states.
+Cost bounds: no search and no check before ``WINDOW`` tokens are left; the witness of a
+guide's initial state is kept, and tried first at every output's start; a search expands at most
+``8 * tokens_left + 16`` states. Inside the window every sampled token is checked, string content
+included: a token inside a property name or an enum string chooses among the names or values that
+begin with it, and that choice can commit the output to a long value (a required array with
+``minItems``), however much room the output had before it.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.
@@ -67,9 +67,6 @@ matters only where the budget is close."""
 ENCODINGS_KEPT = 4096
 """Texts whose encodings are kept (all are dropped when it fills)."""
 _JSON_GUIDES = (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
-CHECK_ROOM = 24
-"""Room (tokens left beyond the witness) below which each sampled token is checked: one token
-can commit the output to many more (a further tool call, an optional key)."""
 
 
 @dataclass(slots=True)
@@ -96,7 +93,6 @@ class _SlotState:
     incomplete: bool = False
     digit_run: int = 0  # ASCII digits at the end of the output
     moved: bool = False  # the matcher moved by more than the row's token since the witness
-    stale: bool = False  # unchecked tokens followed the witness: replayed before any use
     guide: GuidedDecodingParams | None = None  # the params ``json`` was read from
     json: bool = False  # the guide is a JSON schema or object (digit runs are bounded)
 
@@ -140,7 +136,7 @@ class BudgetCloser:
         was learned about its distance to a completion (no search again after a failed one)
         is kept, since a search costs its whole budget."""
         state = self._slots[slot]
-        state.after, state.moved, state.stale, state.digit_run = None, True, False, 0
+        state.after, state.moved, state.digit_run = None, True, 0
 
     def close(self, req: GuidedRequest, matcher: GrammarMatcher, words: npt.NDArray[Any]) -> None:
         """Restrict the request's row (``words``: its int32 words, just filled for the matcher's
@@ -150,23 +146,18 @@ class BudgetCloser:
         state = self._slots[req.seq_slot]
         self._bound_digits(req, state, words)
         if state.witness is None and state.after is None and left > state.next_search:
-            state.moved = state.stale = False
+            state.moved = False
             return  # before the window (or between searches with no witness): nothing to do
         witness, after = state.witness, state.after
         state.after = None
         if state.moved:
-            state.moved = state.stale = False
+            state.moved = False
             witness = _replayed(matcher, state.witness, left)
         elif after is not None and after[0] == req.new_token:
             witness = after[1]  # found when the token was checked (see admits)
-            state.stale = False
-        elif not state.stale and witness and len(witness) > 1 and req.new_token == witness[0]:
+        elif witness and len(witness) > 1 and req.new_token == witness[0]:
             witness = witness[1:]  # the output followed the witness: still valid
-        elif self._unchecked(req, witness, left):
-            state.stale = True  # replayed when next used: a run of string content costs one
-            return
         else:
-            state.stale = False
             witness = _replayed(matcher, state.witness, left)
             if witness is None and req.new_token is not None:
                 witness = self._respelled(matcher, state.witness, req.new_token, left)
@@ -220,14 +211,14 @@ class BudgetCloser:
         after, witness = state.after, state.witness
         if after is not None and after[0] == token:
             rest = after[1]
-        elif not state.stale and witness and len(witness) > 1 and token == witness[0]:
+        elif witness and len(witness) > 1 and token == witness[0]:
             rest = witness[1:]
         else:
             return None
         if not rest or len(rest) <= left - MARGIN:
             return None
         self._count_digits(req, state)  # a one-token row: nothing to cut
-        state.after, state.witness, state.stale = None, rest, False
+        state.after, state.witness = None, rest
         self.stats.forced_rows += 1
         return rest[0]
 
@@ -261,41 +252,12 @@ class BudgetCloser:
             words[:] = kept
             self.stats.digit_runs_cut += 1
 
-    def checks(self, slot: int, params: GuidedDecodingParams, token: int, tokens_left: int) -> bool:
-        """Whether ``token``, sampled for the slot's last closed row, should go through
-        :meth:`admits`: in the window, unless the row was forced (the token is the witness's)
-        or, under a JSON guide with room to spare (more than ``CHECK_ROOM`` tokens), the token
-        holds no structural character (string content or digits do not open anything)."""
-        state = self._slots[slot]
-        if tokens_left > WINDOW or state.incomplete:
-            return False
-        witness = state.witness
-        if witness is None:
-            return True
-        if witness[0] == token and not state.stale:
-            return True  # cheap: admits takes the rest of the witness
-        return not self._skippable(params, token, witness, tokens_left)
-
-    def _skippable(
-        self, params: GuidedDecodingParams, token: int, witness: list[int], tokens_left: int
-    ) -> bool:
-        """Whether ``token`` goes unchecked: under a JSON guide, with more than ``CHECK_ROOM``
-        tokens of room beyond the witness, a token without a structural character (string
-        content, digits, whitespace opens nothing)."""
-        if len(witness) + CHECK_ROOM >= tokens_left:
-            return False
-        if params.guide_type not in _JSON_GUIDES:
-            return False
-        structural = self.vocab().structural
-        return 0 <= token < structural.shape[0] and not structural[token]
-
-    def _unchecked(self, req: GuidedRequest, witness: list[int] | None, left: int) -> bool:
-        """Whether the row's token is one :meth:`checks` lets through, with room to spare even
-        after it: the witness need not be replayed now (see ``_SlotState.stale``)."""
-        token, params = req.new_token, req.guided_decoding_params
-        if witness is None or token is None or params is None:
-            return False
-        return self._skippable(params, token, witness, left + 1 - MARGIN)
+    def checks(self, slot: int, tokens_left: int) -> bool:
+        """Whether a token sampled for the slot's last closed row, with ``tokens_left`` at that
+        row, should go through :meth:`admits`: inside the window, unless no witness fitted
+        (the output ends ``length`` anyway). A token the row was forced to, or the witness's
+        next one, costs no search there (its rest is the witness)."""
+        return tokens_left <= WINDOW and not self._slots[slot].incomplete
 
     def warm_up(self) -> None:
         """Build the per-tokenizer tables closing reads (the decoded vocabulary, ~1 s; the digit
@@ -323,7 +285,7 @@ class BudgetCloser:
         engine samples again without it when it cannot."""
         state = self._slots[slot]
         witness = state.witness
-        if witness and witness[0] == token and not (state.moved or state.stale):
+        if witness and witness[0] == token and not state.moved:
             state.after = (token, witness[1:])
             return True
         if matcher.is_terminated():
@@ -355,7 +317,7 @@ class BudgetCloser:
     def fallback(self, slot: int) -> int | None:
         """The witness's next token for the slot's current state, if one is known."""
         state = self._slots[slot]
-        return state.witness[0] if state.witness and not (state.moved or state.stale) else None
+        return state.witness[0] if state.witness and not state.moved else None
 
     def _respelled(
         self, matcher: GrammarMatcher, witness: list[int] | None, token: int, limit: int

@@ -184,7 +184,7 @@ def check_sampled(
     refused token is drawn again without it (``redraw``). Returns the token to emit, and the
     settled error when no draw kept the output valid (the output cannot be made valid)."""
     if (steering is None or not steering.needs_check(token)) and not (
-        closing and closer.checks(slot, params, token, tokens_left)
+        closing and closer.checks(slot, tokens_left)
     ):
         return token, None  # most tokens: neither check applies (refusal below returns None)
 
@@ -198,7 +198,7 @@ def check_sampled(
             if problem is not None:
                 steering.stats.steered += 1
                 return problem
-        if closing and closer.checks(slot, params, candidate, tokens_left):
+        if closing and closer.checks(slot, tokens_left):
             admitted = closer.admits(slot, matcher, params, candidate, tokens_left)
             return None if admitted else NO_FIT
         return None

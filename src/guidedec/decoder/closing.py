@@ -19,7 +19,9 @@ guide's initial state is kept, and tried first at every output's start; a search
 ``8 * tokens_left + 16`` states. Inside the window every sampled token is checked, string content
 included: a token inside a property name or an enum string chooses among the names or values that
 begin with it, and that choice can commit the output to a long value (a required array with
-``minItems``), however much room the output had before it.
+``minItems``), however much room the output had before it. A token sampled before the window
+is not checked, so one that commits the output to more than all it has left (a name whose
+value needs a hundred items, with 88 tokens left) still ends it ``length``.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.

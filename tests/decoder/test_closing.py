@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.closing import BudgetCloser, _rests
+from guidedec.decoder.closing import WINDOW, BudgetCloser, _rests
 from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, completes, guide_words
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.matcher import (
@@ -511,6 +511,50 @@ def test_string_content_that_commits_to_a_long_value_is_checked(
     for text in texts:
         jsonschema.validate(json.loads(text), COMMITTING_NAME)
     assert decoder.closer.stats.resampled > 0  # tokens of the long name were drawn again
+
+
+DEEP_COMMITMENT = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        "bbbb": {"type": "array", "items": {"type": "integer"}, "minItems": 100},
+    },
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_name_that_commits_to_more_than_the_default_window_is_checked_from_the_start(
+    make_factory: Callable[..., GrammarMatcherFactory], backend: str
+) -> None:
+    """After ``"b`` the output owes an array of at least 100 items, more than the 90 tokens a
+    request has: the guide's window is sized from its reach (past the budget here), so that
+    name is checked and drawn again from the first token, and every output ends within its
+    budget (with the 64-token window, about half of these outputs ended ``length``)."""
+    from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
+
+    decoder = make_decoder(backend=backend, factory=make_factory(backend), max_num_sequences=16)
+    guide = GuidedDecodingParams(json_schema=DEEP_COMMITMENT)
+    assert decoder.closer.window(guide) > 100
+    outputs = uniform_guided_generate(
+        decoder, [guide] * 16, seed=0, max_tokens=90, checks=EngineChecks()
+    )
+    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
+    assert all(out.finished and out.error is None for out in outputs), texts
+    for text in texts:
+        jsonschema.validate(json.loads(text), DEEP_COMMITMENT)
+    assert decoder.closer.stats.resampled > 0  # "b was drawn again
+
+
+def test_a_guide_with_a_short_reach_keeps_the_default_window(tokenizer: TokenizerInfo) -> None:
+    """Most guides reach their end within a few dozen tokens from anywhere: their outputs are
+    searched and checked in the last ``WINDOW`` tokens only, as before."""
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    assert closer.window(GuidedDecodingParams(json_schema=NAME_AGE)) == WINDOW
+    assert closer.window(GuidedDecodingParams(choice=["yes", "no"])) == WINDOW
+    assert closer.window(GuidedDecodingParams(ebnf='root ::= "a"')) == WINDOW
+    long_regex = GuidedDecodingParams(regex="a|b{200}")
+    assert closer.window(long_regex) > 200
 
 
 def test_every_output_of_a_guide_starts_from_its_first_output_s_witness(

@@ -14,14 +14,21 @@ Before it searches, the closer replays the witnesses it found lately for the sam
 (``RECENT_KEPT``): the outputs of one guide pass through the same states, and a replay is exact
 (the matcher accepts the witness and ends with it) and costs no mask fill.
 
-Cost bounds: no search and no check before ``WINDOW`` tokens are left; the witness of a
-guide's initial state is kept, and tried first at every output's start; a search expands at most
-``8 * tokens_left + 16`` states. Inside the window every sampled token is checked, string content
-included: a token inside a property name or an enum string chooses among the names or values that
-begin with it, and that choice can commit the output to a long value (a required array with
-``minItems``), however much room the output had before it. A token sampled before the window
-is not checked, so one that commits the output to more than all it has left (a name whose
-value needs a hundred items, with 88 tokens left) still ends it ``length``.
+Where the checks start: at the guide's window, ``WINDOW`` tokens before the end of the budget,
+or more for a guide that can commit an output to more than that (:meth:`BudgetCloser.window`,
+from its reach: :func:`guidedec.grammar.schema_reach.guide_reach`). No search and no check runs
+before the window. Inside it every sampled token is checked, string content included: a token
+inside a property name or an enum string chooses among the names or values that begin with it,
+and that choice can commit the output to a long value (a required array with ``minItems``). A
+token before the window cannot take the output farther from its end than the guide's reach,
+which the window holds, so the output enters the window with a completion that fits. What the
+reach does not count is nesting the model opens itself (a free-form value, a recursive
+reference taken again: one level is counted), and an EBNF or Lark guide's structure
+(``WINDOW``): a token before the window that commits the output through
+those to more than it has left still ends it ``length``.
+
+Cost bounds: the witness of a guide's initial state is kept, and tried first at every output's
+start; a search expands at most ``8 * tokens_left + 16`` states.
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.
@@ -47,10 +54,11 @@ from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.schema_reach import guide_reach
 from guidedec.tokenizer import TokenizerInfo
 
 WINDOW = 64
-"""Tokens left at which a request's first search runs."""
+"""Tokens left at which a request's first search runs, for a guide whose reach is shorter."""
 MARGIN = 2
 """Room a witness must leave for the model to choose freely; with less the witness is forced."""
 GUIDES_KEPT = 1024
@@ -92,6 +100,7 @@ class _SlotState:
     witness: list[int] | None = None  # from the state of the last closed row, its token first
     after: tuple[int, list[int]] | None = None  # a checked sampled token and the witness after it
     next_search: int = WINDOW  # search again once tokens_left is at most this
+    window: int = WINDOW  # the guide's window (see BudgetCloser.window)
     incomplete: bool = False
     digit_run: int = 0  # ASCII digits at the end of the output
     moved: bool = False  # the matcher moved by more than the row's token since the witness
@@ -117,6 +126,7 @@ class BudgetCloser:
         self._keys: dict[int, tuple[GuidedDecodingParams, object]] = {}
         self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
         self._encodings: dict[str, list[int]] = {}  # text -> its token ids (see _respelled)
+        self._windows: dict[object, int] = {}  # guide -> its window
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
         """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
@@ -146,6 +156,8 @@ class BudgetCloser:
         left = req.tokens_left
         assert left is not None
         state = self._slots[req.seq_slot]
+        if req.guided_decoding_params is not state.guide:
+            self._meet(req.guided_decoding_params, state)
         self._bound_digits(req, state, words)
         if state.witness is None and state.after is None and left > state.next_search:
             state.moved = False
@@ -224,12 +236,35 @@ class BudgetCloser:
         self.stats.forced_rows += 1
         return rest[0]
 
+    def _meet(self, params: GuidedDecodingParams | None, state: _SlotState) -> None:
+        """Read the guide of the slot's request at its first row: whether it is JSON, and its
+        window (the first search falls due there)."""
+        fresh = state.guide is None
+        state.guide = params
+        state.json = params is not None and params.guide_type in _JSON_GUIDES
+        state.window = WINDOW if params is None else self.window(params)
+        if fresh:
+            state.next_search = max(state.next_search, state.window)
+
+    def window(self, params: GuidedDecodingParams) -> int:
+        """Tokens left from which the outputs of a guide are searched and checked: ``WINDOW``,
+        or more for a guide whose reach (:func:`guidedec.grammar.schema_reach.guide_reach`,
+        counted in this tokenizer's tokens) is longer, so that no token before the window can
+        commit an output to more than it has left."""
+        key = self._key(params)
+        known = self._windows.get(key)
+        if known is None:
+            reach = guide_reach(params, lambda text: len(self._encoded(text)))
+            known = WINDOW if reach is None else max(WINDOW, reach + MARGIN + 1)
+            if len(self._windows) >= GUIDES_KEPT:
+                self._windows.clear()
+            self._windows[key] = known
+        return known
+
     def _count_digits(self, req: GuidedRequest, state: _SlotState) -> DigitTokens | None:
         """Count the ASCII digits the output ends with (under a JSON guide: else None)."""
-        params = req.guided_decoding_params
-        if params is not state.guide:
-            state.guide = params
-            state.json = params is not None and params.guide_type in _JSON_GUIDES
+        if req.guided_decoding_params is not state.guide:
+            self._meet(req.guided_decoding_params, state)
         if not state.json:
             return None
         digits = self._digits
@@ -256,10 +291,11 @@ class BudgetCloser:
 
     def checks(self, slot: int, tokens_left: int) -> bool:
         """Whether a token sampled for the slot's last closed row, with ``tokens_left`` at that
-        row, should go through :meth:`admits`: inside the window, unless no witness fitted
-        (the output ends ``length`` anyway). A token the row was forced to, or the witness's
-        next one, costs no search there (its rest is the witness)."""
-        return tokens_left <= WINDOW and not self._slots[slot].incomplete
+        row, should go through :meth:`admits`: inside the guide's window, unless no witness
+        fitted (the output ends ``length`` anyway). A token the row was forced to, or the
+        witness's next one, costs no search there (its rest is the witness)."""
+        state = self._slots[slot]
+        return tokens_left <= state.window and not state.incomplete
 
     def warm_up(self) -> None:
         """Build the per-tokenizer tables closing reads (the decoded vocabulary, ~1 s; the digit

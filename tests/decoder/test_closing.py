@@ -25,7 +25,13 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import WINDOW, BudgetCloser, _rests
-from guidedec.decoder.completion import SLOW_SEARCH_S, CompletionSearch, completes, guide_words
+from guidedec.decoder.completion import (
+    MAX_DEPTH,
+    SLOW_SEARCH_S,
+    CompletionSearch,
+    completes,
+    guide_words,
+)
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.matcher import (
     GrammarMatcher,
@@ -143,6 +149,34 @@ def test_no_witness_within_too_small_a_limit(
     assert search.witness(matcher, 8) is None
     assert search.nodes <= 8 * 8 + 16  # bounded
     assert search.witness(matcher, 160) is not None  # "[0,0,...]" fits in 160
+
+
+def test_a_long_limit_searches_no_deeper_than_max_depth_and_the_probe_follows_long_witnesses(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    search: CompletionSearch,
+) -> None:
+    """The search proper recurses per token: with a limit of thousands (a window sized from a
+    long reach) it stops at ``MAX_DEPTH`` instead of the interpreter's recursion limit, which
+    used to leave the matcher hundreds of tokens ahead. The probe, a loop, still finds a
+    witness longer than that."""
+    endless = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    matcher = make_factory("xgrammar").create(GuidedDecodingParams(json_schema=endless))
+    before = _mask(matcher, tokenizer.vocab_size)
+    search.witness(matcher, 4000)  # whatever xgrammar's recursion allows; it must not raise
+    assert search.nodes <= 2 * 4000 + 8 * MAX_DEPTH + 16
+    assert np.array_equal(_mask(matcher, tokenizer.vocab_size), before)  # left as it was
+    long = {"type": "array", "items": {"type": "integer"}, "minItems": 300}
+    matcher = make_factory("xgrammar").create(GuidedDecodingParams(json_schema=long))
+    witness = search.witness(matcher, 1000)
+    assert witness is not None and MAX_DEPTH < len(witness) <= 1000
+    assert all(matcher.accept_token(t) for t in witness) and matcher.is_terminated()
+
+
+def _mask(matcher: GrammarMatcher, vocab_size: int) -> npt.NDArray[np.int32]:
+    rows = allocate_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(rows, 0)
+    return rows[0].numpy().copy()
 
 
 def test_a_search_over_slow_masks_gives_up(
@@ -544,6 +578,41 @@ def test_a_name_that_commits_to_more_than_the_default_window_is_checked_from_the
     for text in texts:
         jsonschema.validate(json.loads(text), DEEP_COMMITMENT)
     assert decoder.closer.stats.resampled > 0  # "b was drawn again
+
+
+NESTED_MIN_ITEMS = {
+    "type": "object",
+    "properties": {
+        "a": {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": "integer"}, "minItems": 30},
+            "minItems": 30,
+        }
+    },
+    "required": ["a"],
+}
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_guide_that_owes_hundreds_of_tokens_closes_within_a_long_budget(
+    make_factory: Callable[..., GrammarMatcherFactory], backend: str
+) -> None:
+    """Thirty arrays of thirty integers: any output owes about a thousand tokens, so its window
+    (thousands of tokens) starts at its first row, and its witness, longer than the search's
+    ``MAX_DEPTH``, comes from the probe. Every output ends complete within 2,048 tokens (with
+    the 64-token window, each ran out of its budget)."""
+    from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
+
+    decoder = make_decoder(backend=backend, factory=make_factory(backend), max_num_sequences=2)
+    guide = GuidedDecodingParams(json_schema=NESTED_MIN_ITEMS)
+    assert decoder.closer.window(guide) > 2048
+    outputs = uniform_guided_generate(
+        decoder, [guide] * 2, seed=0, max_tokens=2048, checks=EngineChecks()
+    )
+    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
+    assert all(out.finished and out.error is None for out in outputs), [t[-80:] for t in texts]
+    for text in texts:
+        jsonschema.validate(json.loads(text), NESTED_MIN_ITEMS)
 
 
 def test_a_guide_with_a_short_reach_keeps_the_default_window(tokenizer: TokenizerInfo) -> None:

@@ -28,7 +28,8 @@ reference taken again: one level is counted), and an EBNF or Lark guide's struct
 those to more than it has left still ends it ``length``.
 
 Cost bounds: the witness of a guide's initial state is kept, and tried first at every output's
-start; a search expands at most ``8 * tokens_left + 16`` states.
+start; a search expands at most ``8 * min(tokens_left, MAX_DEPTH) + 16`` states
+(:data:`guidedec.decoder.completion.MAX_DEPTH`).
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.
@@ -54,7 +55,7 @@ from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
-from guidedec.grammar.schema_reach import guide_reach
+from guidedec.grammar.schema_reach import MAX_REACH, guide_reach
 from guidedec.tokenizer import TokenizerInfo
 
 WINDOW = 64
@@ -255,7 +256,10 @@ class BudgetCloser:
         known = self._windows.get(key)
         if known is None:
             reach = guide_reach(params, lambda text: len(self._encoded(text)))
-            known = WINDOW if reach is None else max(WINDOW, reach + MARGIN + 1)
+            if reach is None or reach >= MAX_REACH:  # unknown, or no finite completion seen
+                known = WINDOW
+            else:
+                known = max(WINDOW, reach + MARGIN + 1)
             if len(self._windows) >= GUIDES_KEPT:
                 self._windows.clear()
             self._windows[key] = known

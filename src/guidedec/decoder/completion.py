@@ -268,6 +268,9 @@ SLOW_SEARCH_S = 0.05
 average: a guide whose masks take tens of milliseconds would stall its whole batch for the
 search (a real guide's search reads a mask in tens of microseconds, and so never gives up)."""
 SLOW_NODE_S = 1e-3
+MAX_DEPTH = 192
+"""The deepest the search proper goes (it recurses per token and keeps a mask row per depth);
+the probe, a loop with one row, follows a witness up to the whole ``limit``."""
 
 
 class CompletionSearch:
@@ -299,14 +302,15 @@ class CompletionSearch:
         """A completion of at most ``limit`` tokens that ends with a stop token, or None; the
         matcher is left in its state. ``words``: the guide's own tokens (its property names
         and literals, see :func:`guide_words`), tried right after the closers; ``max_nodes``
-        bounds the expansions (default ``8 * limit + 16``); ``probe=False`` skips the probe
-        (the search proper reads a mask at every state)."""
+        bounds the expansions (default ``8 * min(limit, MAX_DEPTH) + 16``); ``probe=False``
+        skips the probe (the search proper reads a mask at every state)."""
         if matcher.is_terminated() or limit < 1:
             return None
         self._order = self._ordering(tuple(words))
-        if self._rows.shape[0] < limit + 1:
-            self._rows = allocate_bitmask(limit + 1, self.vocab.vocab_size)
-        total = 8 * limit + 16 if max_nodes is None else max_nodes
+        deepest = min(limit, MAX_DEPTH)
+        if self._rows.shape[0] < deepest + 1:
+            self._rows = allocate_bitmask(deepest + 1, self.vocab.vocab_size)
+        total = 8 * deepest + 16 if max_nodes is None else max_nodes
         self.nodes, self.gave_up, self._began = 0, False, perf_counter()
         probed = self._probe(matcher, limit) if probe else None
         if probed is not None:
@@ -315,16 +319,21 @@ class CompletionSearch:
         # around a cycle the preferred tokens run into (``(ab)*c``: "ab" forever); both prune
         # cycles. Last, the preferred path again with cycles allowed: some guides need them
         # (``minItems: 50`` counts where the mask cannot show it).
-        passes = [(limit, 2 * limit + 8, True)]
-        passes += [(d, 4 * d, True) for d in _DEEPENING if d < limit]
-        passes.append((limit, total, False))
+        passes = [(deepest, 2 * deepest + 8, True)]
+        passes += [(d, 4 * d, True) for d in _DEEPENING if d < deepest]
+        passes.append((deepest, total, False))
         for depth, share, prune in passes:
             if self.nodes >= total or self.gave_up:
                 break
             self._limit, self._budget = depth, min(total, self.nodes + share)
             self._prune_cycles = prune
             path: list[int] = []
-            if self._search(matcher, path, 0) is _FOUND:
+            try:
+                found = self._search(matcher, path, 0)
+            except RecursionError:  # a caller deep in its own stack: give up, state restored
+                matcher.rollback(len(path))
+                return None
+            if found is _FOUND:
                 return path
         return None
 

@@ -50,7 +50,9 @@ ESCAPE = 5
 FORMAT_REACH = 40
 """The reach counted for a ``format`` (a date-time, a UUID: 36 characters, and the quotes)."""
 MAX_REACH = 4096
-"""Reaches past this are cut to it (a window that long checks every token of most outputs)."""
+"""Reaches past this are cut to it: past it a schema has no finite instance as far as its
+reach can tell (a required recursion), or one longer than budgets run, and closing keeps its
+default window."""
 MAX_VISITS = 20_000
 """Schema nodes read before the reach is given up as unknown."""
 INFINITE = 1 << 30

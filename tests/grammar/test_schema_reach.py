@@ -43,6 +43,8 @@ def test_required_values_and_min_items_add_up() -> None:
     }
     assert len('{"name":"","age":0}') <= schema_reach(name_age) <= 64
     assert schema_reach({"enum": ["x" * 70, "y"]}) >= 72  # after '"x': the rest of the x's
+    as_float = {"type": "array", "items": {"type": "integer"}, "minItems": 100.0}
+    assert schema_reach(as_float) == schema_reach(integers)
 
 
 def test_a_branch_or_a_reference_counts_what_it_commits_to() -> None:

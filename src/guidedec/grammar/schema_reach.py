@@ -340,7 +340,10 @@ def _string(node: dict[str, Any], least: bool) -> int:
 
 
 def _count(node: dict[str, Any], keyword: str, default: int = 0) -> int:
+    """A count keyword's value (``2.0`` is the integer 2 since draft 6); 0 when it is none."""
     value = node.get(keyword, default)
+    if isinstance(value, float) and value.is_integer() and value < INFINITE:
+        value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 

@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(PY) -m guidedec bench fill --out $(BENCH_OUT)/fill
 	$(PY) -m guidedec bench e2e --out $(BENCH_OUT)/e2e
 	$(PY) -m guidedec bench closing --out $(BENCH_OUT)/closing
+	$(PY) -m guidedec bench window --out $(BENCH_OUT)/window
 	$(PY) -m guidedec bench robustness --out $(BENCH_OUT)/robustness
 	$(PY) -m guidedec bench jump-forward --out $(BENCH_OUT)/jump-forward
 

@@ -2,9 +2,9 @@
 
 Each benchmark is a module of :mod:`guidedec.bench`, installed with the package: ``compliance``,
 ``apply``, ``closing``, ``decoder``, ``disk-cache``, ``e2e``, ``fill``, ``jump-forward``,
-``robustness``, and ``vllm`` (where vLLM is installed), plus ``gil``, ``gpu-apply`` and
-``graphs``. The ones that read the public test data find it beside a source checkout
-(``../shared/data``) or in ``$GUIDEDEC_DATA``.
+``robustness``, ``window``, and ``vllm`` (where vLLM is installed), plus ``gil``,
+``gpu-apply`` and ``graphs``. The ones that read the public test data find it beside a source
+checkout (``../shared/data``) or in ``$GUIDEDEC_DATA``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ MODULES = {
     "jump-forward": "jump_forward",
     "robustness": "robustness",
     "vllm": "vllm",
+    "window": "window",
 }
 """Benchmark name -> its module under ``guidedec.bench`` (each has ``main(argv)``)."""
 

@@ -86,6 +86,24 @@ def test_bench_out_writes_json_png_and_summary(
     assert (out / f"bench_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_window_closes_the_constructed_guides_with_sized_windows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outputs that commit to more than 64 tokens all end complete with windows sized from the
+    reach (each row: guides, budget, outputs, complete sized, complete with 64, ratios)."""
+    options = ["--schemas", "1", "--budgets", "96", "--outputs", "2", "--backend", "xgrammar"]
+    out = tmp_path / "window"
+    assert main(["bench", "window", *options, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ")]
+    constructed = [row for row in rows if row[0].strip("| ").startswith(("a name", "30 arrays"))]
+    assert len(constructed) == 2
+    for row in constructed:
+        assert row[3] == row[2] == "2"  # every output complete with the sized window
+    assert json.loads((out / "bench_window.json").read_text())["results"]
+    assert (out / "bench_window.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bench_rejects_an_unknown_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "nothing"])

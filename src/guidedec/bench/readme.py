@@ -15,6 +15,7 @@ NAMES = (
     "fill",
     "e2e",
     "closing",
+    "window",
     "robustness",
     "jump-forward",
     "vllm",

@@ -116,6 +116,7 @@ class BudgetCloser:
     tokenizer: TokenizerInfo
     num_slots: int
     stats: ClosingStats = field(default_factory=ClosingStats)
+    sized_windows: bool = True  # False: every guide's window is WINDOW (a benchmark's baseline)
 
     def __post_init__(self) -> None:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
@@ -252,6 +253,8 @@ class BudgetCloser:
         or more for a guide whose reach (:func:`guidedec.grammar.schema_reach.guide_reach`,
         counted in this tokenizer's tokens) is longer, so that no token before the window can
         commit an output to more than it has left."""
+        if not self.sized_windows:
+            return WINDOW
         key = self._key(params)
         known = self._windows.get(key)
         if known is None:

@@ -158,3 +158,62 @@ def test_from_every_state_of_a_random_output_a_completion_within_the_reach_exist
 @pytest.fixture(scope="module")
 def search(tokenizer: TokenizerInfo) -> CompletionSearch:
     return CompletionSearch(tokenizer)
+
+
+_KEYWORDS = st.sampled_from(
+    [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "contains",
+        "minContains",
+        "minLength",
+        "pattern",
+        "format",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$ref",
+        "$defs",
+        "then",
+        "else",
+        "minProperties",
+        "patternProperties",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "minimum",
+        "additionalItems",
+    ]
+)
+_JSON_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.floats(),
+    st.text(max_size=6),
+    st.sampled_from(["#", "#/$defs/a", "object", "array", "string", "[a-", "^a{100000}$"]),
+)
+_ANY_JSON = st.recursive(
+    _JSON_LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(_KEYWORDS | st.text(max_size=3), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schema=_ANY_JSON)
+def test_any_json_value_as_a_schema_gets_a_bounded_reach_or_none(schema: Any) -> None:
+    """Whatever a request sends as its schema (wrong types under every keyword, dangling and
+    cyclic references, unreadable patterns), the reach is computed without an error."""
+    reach = schema_reach(schema)
+    assert reach is None or 0 <= reach <= MAX_REACH

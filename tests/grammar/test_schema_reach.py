@@ -121,12 +121,14 @@ def _extend(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 _SCHEMAS = st.recursive(_LEAVES, _extend, max_leaves=5)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(schema=_SCHEMAS, seed=st.integers(0, 2**16))
 def test_from_every_state_of_a_random_output_a_completion_within_the_reach_exists(
     make_factory: Callable[..., GrammarMatcherFactory],
     tokenizer: TokenizerInfo,
     search: CompletionSearch,
+    backend: str,
     schema: dict[str, Any],
     seed: int,
 ) -> None:
@@ -136,7 +138,7 @@ def test_from_every_state_of_a_random_output_a_completion_within_the_reach_exist
     params = GuidedDecodingParams(json_schema=schema)
     reach = guide_reach(params, lambda text: len(tokenizer.encode(text)))
     assert reach is not None
-    matcher = make_factory("xgrammar").create(params)
+    matcher = make_factory(backend).create(params)
     words = guide_words(params, tokenizer)
     rng = np.random.default_rng(seed)
     rows = allocate_bitmask(1, tokenizer.vocab_size)

@@ -210,6 +210,26 @@ def test_guide_words_name_the_keys_and_literals(tokenizer: TokenizerInfo) -> Non
     assert guide_words(GuidedDecodingParams(json_object=True), tokenizer) == []
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_witness_writes_the_shortest_enum_value(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    search: CompletionSearch,
+    backend: str,
+) -> None:
+    """Seven items of an enum whose first value is long: the guide's words list the short
+    value first, so the witness spells ``["x","x",...]`` (16 tokens), where it spelled the long
+    value seven times (58 tokens) and found nothing within 41."""
+    params = GuidedDecodingParams(
+        json_schema={"type": "array", "items": {"enum": ["zxxyzyxxyxzx", "x"]}, "minItems": 7}
+    )
+    words = guide_words(params, tokenizer)
+    assert words[0] == tokenizer.encode("x")[0]
+    witness = search.witness(make_factory(backend).create(params), 41, words=words)
+    assert witness is not None and len(witness) <= 20
+    assert tokenizer.decode(witness[:-1]) == json.dumps(["x"] * 7, separators=(",", ":"))
+
+
 # --- the engine --------------------------------------------------------------------------------
 
 SCHEMAS = [

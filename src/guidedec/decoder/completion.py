@@ -535,9 +535,10 @@ few tokens instead of one character at a time."""
 
 
 def guide_words(params: GuidedDecodingParams, tokenizer: TokenizerInfo) -> list[int]:
-    """The tokens of a guide's own words, longest text first: a JSON schema's property names
-    (required ones first), string ``enum`` / ``const`` values and an example of each ``format``
-    (``FORMAT_EXAMPLES``); a choice's options; the quoted
+    """The tokens of a guide's own words, in the order the texts come: a JSON schema's property
+    names (required ones first), string ``enum`` / ``const`` values (the shortest of each
+    ``enum`` first: a completion that must write one of them writes that one) and an example of
+    each ``format`` (``FORMAT_EXAMPLES``); a choice's options; the quoted
     literals of an EBNF or Lark grammar; the literal runs of a regex. A completion that must
     spell a key or a keyword finds it among them (an open object would otherwise take any
     key)."""
@@ -579,7 +580,7 @@ def _schema_words(node: Any, required: list[str], other: list[str], depth: int) 
         for key in ("enum", "const"):
             values = node.get(key)
             values = values if isinstance(values, list) else [values]
-            other.extend(v for v in values if isinstance(v, str))
+            other.extend(sorted((v for v in values if isinstance(v, str)), key=len))
         example = FORMAT_EXAMPLES.get(node.get("format"))  # type: ignore[arg-type]
         if example is not None:
             other.append(example)

@@ -211,7 +211,7 @@ def test_guide_words_name_the_keys_and_literals(tokenizer: TokenizerInfo) -> Non
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
-def test_a_witness_writes_the_shortest_enum_value(
+def test_a_witness_writes_the_shortest_enum_value_and_choice(
     make_factory: Callable[..., GrammarMatcherFactory],
     tokenizer: TokenizerInfo,
     search: CompletionSearch,
@@ -219,7 +219,8 @@ def test_a_witness_writes_the_shortest_enum_value(
 ) -> None:
     """Seven items of an enum whose first value is long: the guide's words list the short
     value first, so the witness spells ``["x","x",...]`` (16 tokens), where it spelled the long
-    value seven times (58 tokens) and found nothing within 41."""
+    value seven times (58 tokens) and found nothing within 41. A choice's short option, listed
+    second, is its witness within 8 tokens too."""
     params = GuidedDecodingParams(
         json_schema={"type": "array", "items": {"enum": ["zxxyzyxxyxzx", "x"]}, "minItems": 7}
     )
@@ -228,6 +229,11 @@ def test_a_witness_writes_the_shortest_enum_value(
     witness = search.witness(make_factory(backend).create(params), 41, words=words)
     assert witness is not None and len(witness) <= 20
     assert tokenizer.decode(witness[:-1]) == json.dumps(["x"] * 7, separators=(",", ":"))
+    choice = GuidedDecodingParams(choice=["a much longer answer than that", "short"])
+    witness = search.witness(
+        make_factory(backend).create(choice), 8, words=guide_words(choice, tokenizer)
+    )
+    assert witness is not None and tokenizer.decode(witness[:-1]) == "short"
 
 
 # --- the engine --------------------------------------------------------------------------------

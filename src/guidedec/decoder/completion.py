@@ -538,7 +538,7 @@ def guide_words(params: GuidedDecodingParams, tokenizer: TokenizerInfo) -> list[
     """The tokens of a guide's own words, in the order the texts come: a JSON schema's property
     names (required ones first), string ``enum`` / ``const`` values (the shortest of each
     ``enum`` first: a completion that must write one of them writes that one) and an example of
-    each ``format`` (``FORMAT_EXAMPLES``); a choice's options; the quoted
+    each ``format`` (``FORMAT_EXAMPLES``); a choice's options, the shortest first; the quoted
     literals of an EBNF or Lark grammar; the literal runs of a regex. A completion that must
     spell a key or a keyword finds it among them (an open object would otherwise take any
     key)."""
@@ -559,7 +559,7 @@ def _guide_texts(params: GuidedDecodingParams) -> list[str]:
         _schema_words(schema, required, other, depth=0)
         return list(dict.fromkeys(required + other))
     if kind is GuideType.CHOICE:
-        return [str(option) for option in guide]  # type: ignore[union-attr]
+        return sorted((str(option) for option in guide), key=len)  # type: ignore[union-attr]
     if kind in (GuideType.EBNF, GuideType.LARK):
         return [m.group(1) for m in _QUOTED.finditer(str(guide)) if m.group(1)]
     if kind is GuideType.REGEX:

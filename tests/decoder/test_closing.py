@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
-from guidedec.bench.cases import JSON_CASES
+from guidedec.bench.cases import COMMITTING_CASES, JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import WINDOW, BudgetCloser, _rests
 from guidedec.decoder.completion import (
@@ -573,14 +573,7 @@ def test_string_content_that_commits_to_a_long_value_is_checked(
     assert decoder.closer.stats.resampled > 0  # tokens of the long name were drawn again
 
 
-DEEP_COMMITMENT = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer"},
-        "bbbb": {"type": "array", "items": {"type": "integer"}, "minItems": 100},
-    },
-    "additionalProperties": False,
-}
+DEEP_COMMITMENT, _ = COMMITTING_CASES["a name owing 100 items"]
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
@@ -606,17 +599,7 @@ def test_a_name_that_commits_to_more_than_the_default_window_is_checked_from_the
     assert decoder.closer.stats.resampled > 0  # "b was drawn again
 
 
-NESTED_MIN_ITEMS = {
-    "type": "object",
-    "properties": {
-        "a": {
-            "type": "array",
-            "items": {"type": "array", "items": {"type": "integer"}, "minItems": 30},
-            "minItems": 30,
-        }
-    },
-    "required": ["a"],
-}
+NESTED_MIN_ITEMS, _ = COMMITTING_CASES["30 arrays of 30 integers"]
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

@@ -1,6 +1,7 @@
 """The benchmarks' shared inputs: (JSON schema, instance) pairs (structural positions give sparse
-mask rows, string contents give dense ones), the person schema of the end-to-end runs, and where
-the public test data lives."""
+mask rows, string contents give dense ones), the person schema of the end-to-end runs, guides
+whose outputs commit to long completions (closing's window), and where the public test data
+lives."""
 
 from __future__ import annotations
 
@@ -109,3 +110,36 @@ JSON_CASES: list[tuple[dict[str, Any], Any]] = [
         },
     ),
 ]
+
+
+COMMITTING_CASES: dict[str, tuple[dict[str, Any], int]] = {
+    "a name owing 100 items": (
+        {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer"},
+                "bbbb": {"type": "array", "items": {"type": "integer"}, "minItems": 100},
+            },
+            "additionalProperties": False,
+        },
+        90,
+    ),
+    "30 arrays of 30 integers": (
+        {
+            "type": "object",
+            "properties": {
+                "a": {
+                    "type": "array",
+                    "items": {"type": "array", "items": {"type": "integer"}, "minItems": 30},
+                    "minItems": 30,
+                }
+            },
+            "required": ["a"],
+        },
+        2048,
+    ),
+}
+"""Name -> (schema, max_tokens): guides whose outputs can commit to more tokens than closing's
+default 64-token window holds, with a budget that the shortest completion fits: after ``"b`` the
+first owes an array of 100 items (``{}`` fits 90 tokens); the second owes about a thousand
+tokens from its first."""

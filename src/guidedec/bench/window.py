@@ -26,7 +26,7 @@ from math import exp, log
 from pathlib import Path
 from typing import Any
 
-from guidedec.bench.cases import SHARED_DATA
+from guidedec.bench.cases import COMMITTING_CASES, SHARED_DATA
 from guidedec.bench.closing import SUBSETS
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
@@ -42,33 +42,6 @@ from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
 from guidedec.tokenizer import TokenizerInfo
 
 DATA = SHARED_DATA / "jsonschemabench"
-COMMITTING: dict[str, tuple[dict[str, Any], int]] = {
-    "a name owing 100 items": (
-        {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer"},
-                "bbbb": {"type": "array", "items": {"type": "integer"}, "minItems": 100},
-            },
-            "additionalProperties": False,
-        },
-        90,
-    ),
-    "30 arrays of 30 integers": (
-        {
-            "type": "object",
-            "properties": {
-                "a": {
-                    "type": "array",
-                    "items": {"type": "array", "items": {"type": "integer"}, "minItems": 30},
-                    "minItems": 30,
-                }
-            },
-            "required": ["a"],
-        },
-        2048,
-    ),
-}
 
 
 def long_window_schemas(per_subset: int, factory: GrammarMatcherFactory) -> list[tuple[str, str]]:
@@ -143,7 +116,8 @@ def summary(results: dict[str, dict[str, Any]], backend: str, per_subset: int) -
     ]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, row in results.items():
-        kind = name.split(" @ ")[0] if name.split(" @ ")[0] in COMMITTING else "JSONSchemaBench"
+        guide = name.split(" @ ")[0]
+        kind = guide if guide in COMMITTING_CASES else "JSONSchemaBench"
         groups.setdefault((kind, row["budget"]), []).append(row)
     for (kind, budget), rows in groups.items():
         ratios = [r["sized"]["per_token_s"] / r["fixed"]["per_token_s"] for r in rows]
@@ -169,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     factory = create_grammar_matcher_factory(config)
     schemas = long_window_schemas(args.schemas, factory)
     guides = [(name, text, b) for b in args.budgets for name, text in schemas]
-    guides += [(name, json.dumps(schema), b) for name, (schema, b) in COMMITTING.items()]
+    guides += [(name, json.dumps(schema), b) for name, (schema, b) in COMMITTING_CASES.items()]
     results = measure(guides, factory, args.outputs)
     text = summary(results, args.backend, args.schemas)
     print(text)

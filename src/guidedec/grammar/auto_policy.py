@@ -108,7 +108,7 @@ _TYPED_KEYWORDS = {
     "array": ("minItems", "maxItems"),
     "object": ("minProperties", "maxProperties"),
 }
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 # Above this many costly rules, xgrammar's compile takes seconds (see xgrammar_too_costly).
 XGRAMMAR_MAX_COSTLY_RULES = 150
 # A string allowed more characters than this is free text (see string_reason).
@@ -166,7 +166,7 @@ def untyped_reason(node: Schema, root: Any) -> str | None:
         present = [k for k in keywords if k in node]
         if present and not admits(node, json_type_name):
             return f"{present[0]} without type {json_type_name}"
-    present = [k for k in _NUMBER_KEYWORDS if k in node]
+    present = [k for k in NUMBER_KEYWORDS if k in node]
     if present and not (admits(node, "number") or admits(node, "integer")):
         return f"{present[0]} without a numeric type"
     return None
@@ -213,7 +213,7 @@ def number_reason(node: Schema, root: Any) -> str | None:
         return None
     if types_of(node, root) != frozenset({"integer"}) or not isinstance(node["multipleOf"], int):
         return "multipleOf on non-integers"
-    if any(k in node for k in _NUMBER_KEYWORDS if k != "multipleOf"):
+    if any(k in node for k in NUMBER_KEYWORDS if k != "multipleOf"):
         return "multipleOf beside a bound"
     return None
 

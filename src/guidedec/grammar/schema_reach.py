@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from guidedec.grammar.auto_policy import NUMBER_KEYWORDS, VALIDATION_KEYWORDS
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import resolve_ref
 
@@ -46,7 +47,7 @@ except ImportError:  # pragma: no cover - only where the private module moved
 ANY_REACH = 4
 """The reach counted for a value of any type: a string's ``"`` or a number's digit, a closer."""
 ESCAPE = 5
-"""The most a string owes after a ``\\`` it wrote (``uXXXX``)."""
+"""The most a string owes after a ``\\`` it wrote (``u`` and four hex digits)."""
 FORMAT_REACH = 40
 """The reach counted for a ``format`` (a date-time, a UUID: 36 characters, and the quotes)."""
 MAX_REACH = 4096
@@ -58,29 +59,19 @@ MAX_VISITS = 20_000
 INFINITE = 1 << 30
 """The shortest instance of a schema that has none (``false``, a required recursion)."""
 _TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
-_OWN_KEYWORDS = frozenset(
-    {
-        "type",
-        "properties",
-        "required",
-        "additionalProperties",
-        "patternProperties",
-        "minProperties",
-        "items",
-        "prefixItems",
-        "minItems",
-        "contains",
-        "minLength",
-        "pattern",
-        "format",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-    }
-)
-_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_OWN_KEYWORDS = VALIDATION_KEYWORDS - {
+    "$ref",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "enum",
+    "const",
+}
+"""Keywords that constrain a node itself, beside the schemas it composes."""
 
 
 class _TooLargeError(Exception):
@@ -319,7 +310,8 @@ class _Reach:
 def _number(node: dict[str, Any], least: bool) -> int:
     """The digits its bounds need; its reach adds a sign and a fraction or exponent left open."""
     digits = max(
-        (_digits(node[k]) for k in _BOUNDS if isinstance(node.get(k), int | float)), default=1
+        (_digits(node[k]) for k in NUMBER_KEYWORDS if isinstance(node.get(k), int | float)),
+        default=1,
     )
     return digits if least else 3 + digits
 

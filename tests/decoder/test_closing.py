@@ -12,6 +12,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -566,11 +567,18 @@ def test_string_content_that_commits_to_a_long_value_is_checked(
         outputs += uniform_guided_generate(
             decoder, [guide] * 16, seed=seed, max_tokens=48, checks=EngineChecks()
         )
-    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
-    assert all(out.finished and out.error is None for out in outputs), texts
-    for text in texts:
-        jsonschema.validate(json.loads(text), COMMITTING_NAME)
+    _assert_complete_and_valid(decoder, outputs, COMMITTING_NAME)
     assert decoder.closer.stats.resampled > 0  # tokens of the long name were drawn again
+
+
+def _assert_complete_and_valid(
+    decoder: Any, outputs: Sequence[Any], schema: dict[str, Any]
+) -> None:
+    """Every output ended with a stop token, without an error, and validates."""
+    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
+    assert all(out.finished and out.error is None for out in outputs), [t[-80:] for t in texts]
+    for text in texts:
+        jsonschema.validate(json.loads(text), schema)
 
 
 DEEP_COMMITMENT, _ = COMMITTING_CASES["a name owing 100 items"]
@@ -592,10 +600,7 @@ def test_a_name_that_commits_to_more_than_the_default_window_is_checked_from_the
     outputs = uniform_guided_generate(
         decoder, [guide] * 16, seed=0, max_tokens=90, checks=EngineChecks()
     )
-    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
-    assert all(out.finished and out.error is None for out in outputs), texts
-    for text in texts:
-        jsonschema.validate(json.loads(text), DEEP_COMMITMENT)
+    _assert_complete_and_valid(decoder, outputs, DEEP_COMMITMENT)
     assert decoder.closer.stats.resampled > 0  # "b was drawn again
 
 
@@ -618,10 +623,7 @@ def test_a_guide_that_owes_hundreds_of_tokens_closes_within_a_long_budget(
     outputs = uniform_guided_generate(
         decoder, [guide] * 2, seed=0, max_tokens=2048, checks=EngineChecks()
     )
-    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
-    assert all(out.finished and out.error is None for out in outputs), [t[-80:] for t in texts]
-    for text in texts:
-        jsonschema.validate(json.loads(text), NESTED_MIN_ITEMS)
+    _assert_complete_and_valid(decoder, outputs, NESTED_MIN_ITEMS)
 
 
 def test_a_guide_with_a_short_reach_keeps_the_default_window(tokenizer: TokenizerInfo) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from guidedec.bench.cases import PERSON_SCHEMA
+from guidedec.bench.cases import COMMITTING_CASES, COMMITTING_GRAMMARS, PERSON_SCHEMA
 from guidedec.cli import main
 from guidedec.cli_bench import MODULES
 
@@ -96,8 +96,9 @@ def test_bench_window_closes_the_constructed_guides_with_sized_windows(
     assert main(["bench", "window", *options, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     rows = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ")]
-    constructed = [row for row in rows if row[0].strip("| ").startswith(("a name", "30 arrays"))]
-    assert len(constructed) == 2
+    names = (*COMMITTING_CASES, *COMMITTING_GRAMMARS)
+    constructed = [row for row in rows if row[0].strip("| ").startswith(names)]
+    assert len(constructed) == 3
     for row in constructed:
         assert row[3] == row[2] == "2"  # every output complete with the sized window
     assert json.loads((out / "bench_window.json").read_text())["results"]

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
-from guidedec.bench.cases import COMMITTING_CASES, JSON_CASES
+from guidedec.bench.cases import COMMITTING_CASES, COMMITTING_GRAMMARS, JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import WINDOW, BudgetCloser, _rests
 from guidedec.decoder.completion import (
@@ -235,6 +235,28 @@ def test_a_witness_writes_the_shortest_enum_value_and_choice(
         make_factory(backend).create(choice), 8, words=guide_words(choice, tokenizer)
     )
     assert witness is not None and tokenizer.decode(witness[:-1]) == "short"
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_witness_from_inside_a_repeated_literal_spells_its_rest(
+    make_factory: Callable[..., GrammarMatcherFactory],
+    tokenizer: TokenizerInfo,
+    search: CompletionSearch,
+    backend: str,
+) -> None:
+    """Seventeen ``a`` s into copies of ``aaaaaaaa`` (one token), seven more end a copy: two
+    tokens (``aaaa`` ``aaa``) that are no word of the grammar but rests of its literal, after
+    each of which the mask is what it was (a count the mask does not show). The search found
+    nothing within 3 tokens before the rests were words and the last pass allowed such steps."""
+    params = GuidedDecodingParams(ebnf='root ::= ("aaaaaaaa"){0,}')
+    words = guide_words(params, tokenizer)
+    assert set(tokenizer.encode("aaaaaaa")) <= set(words)
+    matcher = make_factory(backend).create(params)
+    assert all(matcher.accept_token(t) for t in tokenizer.encode("aaaaaaaa") * 2)
+    assert matcher.accept_token(tokenizer.encode("a")[0])
+    witness = search.witness(matcher, 3, words=words)
+    assert witness is not None and tokenizer.decode(witness[:-1]) == "a" * 7
+    assert matcher.completes(witness)
 
 
 # --- the engine --------------------------------------------------------------------------------
@@ -626,6 +648,30 @@ def test_a_guide_that_owes_hundreds_of_tokens_closes_within_a_long_budget(
     _assert_complete_and_valid(decoder, outputs, NESTED_MIN_ITEMS)
 
 
+COMMITTING_ITEM, _ = COMMITTING_GRAMMARS["an EBNF item owing 100 tokens"]
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_an_ebnf_item_that_commits_to_more_than_the_default_window_is_checked_from_the_start(
+    make_factory: Callable[..., GrammarMatcherFactory], backend: str
+) -> None:
+    """After a ``z`` the output owes a hundred ``0`` s, more than the 90 tokens a request has:
+    the grammar's window is sized from its reach, so ``z`` is drawn again from the first token
+    and every output ends complete (with the 64-token window, 2 of these 16 did)."""
+    from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
+
+    decoder = make_decoder(backend=backend, factory=make_factory(backend), max_num_sequences=16)
+    guide = GuidedDecodingParams(ebnf=COMMITTING_ITEM)
+    assert decoder.closer.window(guide) > 100
+    outputs = uniform_guided_generate(
+        decoder, [guide] * 16, seed=0, max_tokens=90, checks=EngineChecks()
+    )
+    texts = [decoder.config.tokenizer.decode(out.token_ids) for out in outputs]
+    assert all(out.finished and out.error is None for out in outputs), [t[-40:] for t in texts]
+    assert all(re.fullmatch(r"x(y|z(0 ){100})*\.", text) for text in texts), texts
+    assert decoder.closer.stats.resampled > 0  # z was drawn again
+
+
 def test_a_guide_with_a_short_reach_keeps_the_default_window(tokenizer: TokenizerInfo) -> None:
     """Most guides reach their end within a few dozen tokens from anywhere: their outputs are
     searched and checked in the last ``WINDOW`` tokens only, as before."""
@@ -635,6 +681,8 @@ def test_a_guide_with_a_short_reach_keeps_the_default_window(tokenizer: Tokenize
     assert closer.window(GuidedDecodingParams(ebnf='root ::= "a"')) == WINDOW
     long_regex = GuidedDecodingParams(regex="a|b{200}")
     assert closer.window(long_regex) > 200
+    assert closer.window(GuidedDecodingParams(ebnf='root ::= "a" | "b" "c"{200}')) > 200
+    assert closer.window(GuidedDecodingParams(lark='start: "a" | "b" "c"~200')) == WINDOW
 
 
 def test_every_output_of_a_guide_starts_from_its_first_output_s_witness(

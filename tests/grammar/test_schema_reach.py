@@ -70,7 +70,7 @@ def test_free_values_and_unread_guides() -> None:
     # any type: an object's is the farthest (a free name and a free value, one level counted)
     assert schema_reach({}) == schema_reach({"type": "object"}) < 20
     assert guide_reach(GuidedDecodingParams(json_object=True)) is not None
-    assert guide_reach(GuidedDecodingParams(ebnf='root ::= "a"')) is None
+    assert guide_reach(GuidedDecodingParams(lark='start: "a"')) is None
     assert guide_reach(GuidedDecodingParams(choice=["a" * 90, "b"])) == 90
 
 

@@ -143,3 +143,9 @@ COMMITTING_CASES: dict[str, tuple[dict[str, Any], int]] = {
 default 64-token window holds, with a budget that the shortest completion fits: after ``"b`` the
 first owes an array of 100 items (``{}`` fits 90 tokens); the second owes about a thousand
 tokens from its first."""
+
+COMMITTING_GRAMMARS: dict[str, tuple[str, int]] = {
+    "an EBNF item owing 100 tokens": ('root ::= "x" ("y" | "z" ("0 "){100})* "."', 90),
+}
+"""Name -> (EBNF grammar, max_tokens), as :data:`COMMITTING_CASES`: after a ``z`` the output owes
+a hundred ``0`` s, more than its budget (``xy.`` fits it)."""

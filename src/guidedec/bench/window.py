@@ -6,11 +6,12 @@ go through the engine's checks (closing, steering, the final schema check) on ``
 twice per guide: with windows sized from the guides' reach (the default) and with every window
 64 tokens, in alternating order. The guides: the first ``--schemas`` schemas of each shared
 JSONSchemaBench subset whose window is longer than 64 and that compile, at each of
-``--budgets``; and two constructed ones whose outputs can commit to more than 64 tokens (a
+``--budgets``; and three constructed ones whose outputs can commit to more than 64 tokens (a
 property name that owes an array of 100 items, at 90 tokens; thirty arrays of thirty integers,
-at 2,048); ``--outputs`` outputs each. Reported per budget: outputs complete (ended by a stop
-token or an explicit error, not cut) in each mode, and the host time per token of the sized
-windows over the fixed one per guide, median and geometric mean.
+at 2,048; an EBNF item that owes a hundred tokens, at 90); ``--outputs`` outputs each.
+Reported per budget: outputs complete (ended by a stop token or an explicit error, not cut) in
+each mode, and the host time per token of the sized windows over the fixed one per guide,
+median and geometric mean.
 
 Run: ``HF_HUB_OFFLINE=1 guidedec bench window``
 """
@@ -26,7 +27,7 @@ from math import exp, log
 from pathlib import Path
 from typing import Any
 
-from guidedec.bench.cases import COMMITTING_CASES, SHARED_DATA
+from guidedec.bench.cases import COMMITTING_CASES, COMMITTING_GRAMMARS, SHARED_DATA
 from guidedec.bench.closing import SUBSETS
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
@@ -44,7 +45,9 @@ from guidedec.tokenizer import TokenizerInfo
 DATA = SHARED_DATA / "jsonschemabench"
 
 
-def long_window_schemas(per_subset: int, factory: GrammarMatcherFactory) -> list[tuple[str, str]]:
+def long_window_schemas(
+    per_subset: int, factory: GrammarMatcherFactory
+) -> list[tuple[str, GuidedDecodingParams]]:
     """The first ``per_subset`` schemas of each subset whose window is over ``WINDOW`` and that
     the factory's backend compiles."""
     decoder: GuidedDecoder = make_decoder(factory=factory, max_num_sequences=1)
@@ -64,19 +67,22 @@ def long_window_schemas(per_subset: int, factory: GrammarMatcherFactory) -> list
                 decoder.factory.compile(params)
             except GrammarError:  # a schema the backend refuses is not measured
                 continue
-            picked.append((f"{subset}#{index}", text))
+            picked.append((f"{subset}#{index}", params))
             count += 1
     return picked
 
 
 def run_guide(
-    schema: str, budget: int, factory: GrammarMatcherFactory, sized: bool, outputs: int
+    params: GuidedDecodingParams,
+    budget: int,
+    factory: GrammarMatcherFactory,
+    sized: bool,
+    outputs: int,
 ) -> tuple[int, int, float]:
     """Outputs complete, tokens, host seconds, for ``outputs`` outputs of one guide."""
     decoder: GuidedDecoder = make_decoder(factory=factory, max_num_sequences=outputs)
     decoder.closer.sized_windows = sized
     decoder.closer.warm_up()
-    params = GuidedDecodingParams(json_schema=schema)
     uniform_guided_generate(decoder, [params], seed=99, max_tokens=4, checks=EngineChecks())
     began = time.perf_counter()
     done = uniform_guided_generate(
@@ -88,15 +94,17 @@ def run_guide(
 
 
 def measure(
-    guides: list[tuple[str, str, int]], factory: GrammarMatcherFactory, outputs: int
+    guides: list[tuple[str, GuidedDecodingParams, int]],
+    factory: GrammarMatcherFactory,
+    outputs: int,
 ) -> dict[str, dict[str, Any]]:
     """Per guide and budget: each mode's complete outputs and seconds per token."""
     results: dict[str, dict[str, Any]] = {}
-    for index, (name, schema, budget) in enumerate(guides):
+    for index, (name, params, budget) in enumerate(guides):
         row: dict[str, Any] = {"budget": budget, "outputs": outputs}
         order = [True, False] if index % 2 == 0 else [False, True]
         for sized in order:
-            complete, tokens, seconds = run_guide(schema, budget, factory, sized, outputs)
+            complete, tokens, seconds = run_guide(params, budget, factory, sized, outputs)
             mode = "sized" if sized else "fixed"
             row[mode] = {"complete": complete, "per_token_s": seconds / max(1, tokens)}
         results[f"{name} @ {budget}"] = row
@@ -117,7 +125,8 @@ def summary(results: dict[str, dict[str, Any]], backend: str, per_subset: int) -
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for name, row in results.items():
         guide = name.split(" @ ")[0]
-        kind = guide if guide in COMMITTING_CASES else "JSONSchemaBench"
+        constructed = guide in COMMITTING_CASES or guide in COMMITTING_GRAMMARS
+        kind = guide if constructed else "JSONSchemaBench"
         groups.setdefault((kind, row["budget"]), []).append(row)
     for (kind, budget), rows in groups.items():
         ratios = [r["sized"]["per_token_s"] / r["fixed"]["per_token_s"] for r in rows]
@@ -142,8 +151,15 @@ def main(argv: list[str] | None = None) -> None:
     config = GuidedDecodingConfig(backend=args.backend, tokenizer=TokenizerInfo.default())
     factory = create_grammar_matcher_factory(config)
     schemas = long_window_schemas(args.schemas, factory)
-    guides = [(name, text, b) for b in args.budgets for name, text in schemas]
-    guides += [(name, json.dumps(schema), b) for name, (schema, b) in COMMITTING_CASES.items()]
+    guides = [(name, params, b) for b in args.budgets for name, params in schemas]
+    guides += [
+        (name, GuidedDecodingParams(json_schema=schema), b)
+        for name, (schema, b) in COMMITTING_CASES.items()
+    ]
+    guides += [
+        (name, GuidedDecodingParams(ebnf=grammar), b)
+        for name, (grammar, b) in COMMITTING_GRAMMARS.items()
+    ]
     results = measure(guides, factory, args.outputs)
     text = summary(results, args.backend, args.schemas)
     print(text)

@@ -23,9 +23,9 @@ and that choice can commit the output to a long value (a required array with ``m
 token before the window cannot take the output farther from its end than the guide's reach,
 which the window holds, so the output enters the window with a completion that fits. What the
 reach does not count is nesting the model opens itself (a free-form value, a recursive
-reference taken again: one level is counted), and an EBNF or Lark guide's structure
-(``WINDOW``): a token before the window that commits the output through
-those to more than it has left still ends it ``length``.
+reference or rule taken again: one level is counted), and a Lark guide's structure
+(``WINDOW``): a token before the window that commits the output through those to more than it
+has left still ends it ``length``.
 
 Cost bounds: the witness of a guide's initial state is kept, and tried first at every output's
 start; a search expands at most ``8 * min(tokens_left, MAX_DEPTH) + 16`` states

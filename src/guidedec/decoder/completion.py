@@ -20,15 +20,16 @@ The search is a depth-first search with backtracking over a few preferred tokens
   computed once per tokenizer over its short printable tokens): closers (``"``, ``}``, ``]``,
   ``)``, ``'``, ``>``; an empty string ``""`` first, ``}]`` before ``},``), one-token structure
   (``{"``, ``,"``, ``[]``), separators, then the guide's own words (:func:`guide_words`: its
-  property names, literals and format examples), digits (``0`` first), other tokens (longest
-  first), tokens that open brackets, whitespace only where nothing else is allowed; one token
-  per kind (its first character; digits are one kind), at most ``PER_STATE`` of them, and
-  ``BRANCHES`` failed subtrees per state;
+  property names, literals and their rests, format examples), digits (``0`` first), other
+  tokens (longest first), tokens that open brackets, whitespace only where nothing else is
+  allowed; one token per kind (its first character; digits are one kind), at most
+  ``PER_STATE`` of them, and ``BRANCHES`` failed subtrees per state;
 - a token after which the mask is unchanged (content of a string, more digits) is pruned, and
   so is a token cycle that leads back to the mask it started from (``ab ab`` under ``(ab)*c``);
 - at most ``limit`` tokens deep and ``max_nodes`` expansions in all: the preferred path first,
   then iterative deepening (which gets around a cycle the preferred tokens run into), then the
-  preferred path with cycles allowed (``minItems: 50`` counts where the mask cannot show it).
+  preferred path with cycles and unchanged masks allowed (``minItems: 50`` counts where the
+  mask cannot show it, and so do copies of one literal).
   The search returns None when it finds no witness within them, and the caller treats that as
   "no completion fits".
 
@@ -317,8 +318,9 @@ class CompletionSearch:
             return probed
         # The preferred path first, as deep as allowed; then iterative deepening, which gets
         # around a cycle the preferred tokens run into (``(ab)*c``: "ab" forever); both prune
-        # cycles. Last, the preferred path again with cycles allowed: some guides need them
-        # (``minItems: 50`` counts where the mask cannot show it).
+        # cycles. Last, the preferred path again with cycles and unchanged masks allowed: some
+        # guides need them (``minItems: 50`` counts where the mask cannot show it, and so does
+        # a literal the output stands inside: ``("aaaaaaaa")*`` after 17 a's).
         passes = [(deepest, 2 * deepest + 8, True)]
         passes += [(d, 4 * d, True) for d in _DEEPENING if d < deepest]
         passes.append((deepest, total, False))
@@ -421,7 +423,8 @@ class CompletionSearch:
 
     def _search(self, matcher: GrammarMatcher, path: list[int], parent: int) -> object:
         """Extend ``path`` (accepted into ``matcher``) to a witness: ``_FOUND``; else
-        ``_FAILED`` or ``_PRUNED`` (the state's mask is its parent's: no progress), with both
+        ``_FAILED`` or ``_PRUNED`` (while cycles are pruned: the state's mask is its parent's, or
+        the path ends with a cycle; no progress), with both
         left as they were. ``parent`` is the fingerprint of the parent state's mask."""
         depth = len(path)
         if self.nodes >= self._budget or self._too_slow():
@@ -437,7 +440,7 @@ class CompletionSearch:
         if left <= 0:
             return _FAILED
         fingerprint = hash(words.tobytes())
-        if fingerprint == parent or self._repeats(path, fingerprint):
+        if self._prune_cycles and (fingerprint == parent or self._repeats(path, fingerprint)):
             return _PRUNED
         self._fingerprints.append(fingerprint)
         try:
@@ -449,8 +452,6 @@ class CompletionSearch:
         """Whether the path ends with a cycle: its last ``k`` tokens repeat the ``k`` before
         them and lead back to the mask they started from (``ab`` ``ab`` under ``(ab)*c``)."""
         depth = len(path)
-        if not self._prune_cycles:
-            return False
         for k in range(1, min(MAX_CYCLE, depth // 2) + 1):
             if self._fingerprints[depth - k] == fingerprint and (
                 path[depth - k :] == path[depth - 2 * k : depth - k]
@@ -521,6 +522,8 @@ _KIND_SCAN = 256  # allowed candidates looked at for distinct kinds
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _LITERAL_RUN = re.compile(r"[A-Za-z0-9_]{2,}")
 MAX_WORDS = 256
+MAX_REST = 32
+"""Literals of a grammar up to this long have their rests (each suffix) among its words."""
 FORMAT_EXAMPLES = {
     "date-time": "2000-01-01T00:00:00Z",
     "date": "2000-01-01",
@@ -561,7 +564,10 @@ def _guide_texts(params: GuidedDecodingParams) -> list[str]:
     if kind is GuideType.CHOICE:
         return sorted((str(option) for option in guide), key=len)  # type: ignore[union-attr]
     if kind in (GuideType.EBNF, GuideType.LARK):
-        return [m.group(1) for m in _QUOTED.finditer(str(guide)) if m.group(1)]
+        literals = [m.group(1) for m in _QUOTED.finditer(str(guide)) if m.group(1)]
+        # then their rests: from inside a literal, the rest may split into other tokens
+        rests = [t[i:] for t in literals if len(t) <= MAX_REST for i in range(1, len(t))]
+        return list(dict.fromkeys(literals + rests))
     if kind is GuideType.REGEX:
         return _LITERAL_RUN.findall(str(guide))
     return []

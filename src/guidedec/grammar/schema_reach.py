@@ -17,7 +17,8 @@ What is counted, from a JSON schema (no backend involved):
   farthest point inside one item;
 - a string: ``minLength``, the reach of its ``pattern`` (:func:`regex_reach`), ``FORMAT_REACH``
   for a ``format``, and an escape sequence; a number: the digits of its bounds; an ``enum`` or
-  ``const``: its longest value;
+  ``const``: its longest value (from inside a name or a value it spells, the rest measured
+  as :func:`guidedec.grammar.ebnf_reach.literal_reach` does);
 - ``anyOf``/``oneOf``: the farthest branch (the output may commit to any), added to the node's
   own keywords; ``allOf``, ``$ref`` and ``if``/``then``/``else``: the sum of their parts.
 
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from guidedec.grammar.auto_policy import NUMBER_KEYWORDS, VALIDATION_KEYWORDS
+from guidedec.grammar.ebnf_reach import ebnf_reach, literal_reach
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import resolve_ref
 
@@ -97,8 +99,9 @@ def guide_reach(
     params: GuidedDecodingParams, measure: Callable[[str], int] = utf8_length
 ) -> int | None:
     """The reach of a guide: a JSON schema's or object's (:func:`schema_reach`), a regex's
-    (:func:`regex_reach`), a choice's longest option; None for a grammar (EBNF, Lark, a
-    structural tag), whose structure is not read here."""
+    (:func:`regex_reach`), a choice's longest option, an EBNF grammar's
+    (:func:`guidedec.grammar.ebnf_reach.ebnf_reach`); None for a Lark grammar or a structural
+    tag, whose structure is not read."""
     kind, guide = params.guide_type, params.guide
     if kind is GuideType.JSON_OBJECT:
         return schema_reach({"type": "object"}, measure)
@@ -110,8 +113,12 @@ def guide_reach(
         return schema_reach(schema, measure)
     if kind is GuideType.REGEX:
         return min(regex_reach(str(guide)), MAX_REACH)
+    if kind is GuideType.EBNF:
+        reach = ebnf_reach(str(guide), measure)
+        return None if reach is None else min(reach, MAX_REACH)
     if kind is GuideType.CHOICE and isinstance(guide, list | tuple):
-        return min(max((measure(str(option)) for option in guide), default=0), MAX_REACH)
+        longest = max((literal_reach(str(option), measure) for option in guide), default=0)
+        return min(longest, MAX_REACH)
     return None
 
 
@@ -202,9 +209,9 @@ class _Reach:
 
     def _schema(self, node: dict[str, Any], least: bool) -> int:
         if "const" in node:
-            return self.measure(_compact(node["const"]))
+            return self._literal(_compact(node["const"]), least)
         if isinstance(node.get("enum"), list):
-            sizes = [self.measure(_compact(value)) for value in node["enum"]]
+            sizes = [self._literal(_compact(value), least) for value in node["enum"]]
             return (min if least else max)(sizes, default=INFINITE if least else 0)
         composed = any(k in node for k in ("$ref", "allOf", "anyOf", "oneOf", "then", "else"))
         total = self._typed(node, least) if not composed or _OWN_KEYWORDS & node.keys() else 0
@@ -276,7 +283,10 @@ class _Reach:
             size += missing * min([*optional, 4 + self.least(extra)])
         if least:
             return size
-        inside = [self._name(name) + self.most(value) + 1 for name, value in properties.items()]
+        inside = [
+            literal_reach(_compact(name) + ":", self.measure) + self.most(value) + 1
+            for name, value in properties.items()
+        ]
         patterns = node.get("patternProperties")
         if isinstance(patterns, dict):
             inside += [regex_reach(p) + 3 + self.most(v) + 1 for p, v in patterns.items()]
@@ -284,6 +294,10 @@ class _Reach:
             inside.append(3 + ESCAPE + self.most(extra) + 1)
         inside += self._dependent(node, properties, extra)
         return size + max(inside, default=0)
+
+    def _literal(self, text: str, least: bool) -> int:
+        """Text the schema spells: all of it (``least``), or its rest from a point inside it."""
+        return self.measure(text) if least else literal_reach(text, self.measure)
 
     def _name(self, name: str) -> int:
         """A property name as written before its value: ``"name":``."""

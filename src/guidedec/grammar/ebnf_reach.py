@@ -21,7 +21,7 @@ recursion) counts its least there: one level of nesting is counted, as for a rec
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from guidedec.grammar.convert.ebnf_ast import Alt, CharClass, Grammar, Lit, Node, Ref, Seq
 from guidedec.grammar.convert.ebnf_parser import parse_ebnf
@@ -38,6 +38,35 @@ CHUNK = 64
 
 class _TooLargeError(Exception):
     pass
+
+
+class RecursionMemo:
+    """Memoised values of a recursive computation that may meet itself (a rule or a schema
+    inside itself): a key met again while its value is being computed gets the value given for
+    that case, and a value read through such a cycle is not kept, since it holds only where the
+    cycle began."""
+
+    def __init__(self) -> None:
+        self._values: dict[Hashable, int] = {}
+        self._active: set[Hashable] = set()
+        self._cycle = False  # the value being computed read a key still being computed
+
+    def value(self, key: Hashable, compute: Callable[[], int], inside_itself: int) -> int:
+        if key in self._values:
+            return self._values[key]
+        if key in self._active:
+            self._cycle = True
+            return inside_itself
+        outer, self._cycle = self._cycle, False
+        self._active.add(key)
+        try:
+            value = compute()
+        finally:
+            self._active.discard(key)
+        if not self._cycle:
+            self._values[key] = value
+        self._cycle = self._cycle or outer
+        return value
 
 
 def literal_reach(text: str, measure: Callable[[str], int]) -> int:
@@ -85,9 +114,7 @@ class _GrammarReach:
             if settled == self.least:
                 break
             self.least = settled
-        self.memo: dict[str, int] = {}
-        self.active: set[str] = set()
-        self.cycle = False  # the value being computed read a rule still being computed
+        self.memo = RecursionMemo()
 
     def _count(self) -> None:
         self.work += 1
@@ -110,21 +137,10 @@ class _GrammarReach:
 
     def most_of(self, name: str) -> int:
         """The reach of a rule; inside itself, its least (one level counted)."""
-        if name in self.memo:
-            return self.memo[name]
-        if name in self.active or name not in self.rules:
-            self.cycle = True
-            return self.least.get(name, NO_END)
-        outer, self.cycle = self.cycle, False
-        self.active.add(name)
-        try:
-            value = min(self._most(self.rules[name]), NO_END)
-        finally:
-            self.active.discard(name)
-        if not self.cycle:  # a value read through a recursion holds only where it began
-            self.memo[name] = value
-        self.cycle = self.cycle or outer
-        return value
+        if name not in self.rules:
+            return NO_END
+        rule = self.rules[name]
+        return self.memo.value(name, lambda: min(self._most(rule), NO_END), self.least[name])
 
     def _most(self, node: Node) -> int:
         self._count()

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from guidedec.grammar.auto_policy import NUMBER_KEYWORDS, VALIDATION_KEYWORDS
-from guidedec.grammar.ebnf_reach import ebnf_reach, literal_reach
+from guidedec.grammar.ebnf_reach import RecursionMemo, ebnf_reach, literal_reach
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import resolve_ref
 
@@ -171,10 +171,8 @@ class _Reach:
     def __init__(self, root: Any, measure: Callable[[str], int]) -> None:
         self.root = root
         self.measure = measure
-        self.memo: dict[tuple[int, bool], int] = {}
-        self.active: set[tuple[int, bool]] = set()
+        self.memo = RecursionMemo()
         self.visits = 0
-        self.cycle = False  # the value being computed read a node still being computed
 
     def least(self, node: Any) -> int:
         return self._node(node, least=True)
@@ -187,25 +185,16 @@ class _Reach:
             return INFINITE if least else 0
         if not isinstance(node, dict):
             return 1 if least else ANY_REACH
-        key = (id(node), least)
-        if key in self.memo:
-            return self.memo[key]
-        if key in self.active:  # a recursion: its own level is counted where it began
-            self.cycle = True
-            return INFINITE if least else ANY_REACH
-        self.visits += 1
-        if self.visits > MAX_VISITS:
-            raise _TooLargeError
-        outer, self.cycle = self.cycle, False
-        self.active.add(key)
-        try:
-            value = min(self._schema(node, least), INFINITE)
-        finally:
-            self.active.discard(key)
-        if not self.cycle:  # a value read through a recursion holds only where it began
-            self.memo[key] = value
-        self.cycle = self.cycle or outer
-        return value
+
+        def compute() -> int:
+            self.visits += 1
+            if self.visits > MAX_VISITS:
+                raise _TooLargeError
+            return min(self._schema(node, least), INFINITE)
+
+        # a recursion: its own level is counted where it began
+        inside_itself = INFINITE if least else ANY_REACH
+        return self.memo.value((id(node), least), compute, inside_itself)
 
     def _schema(self, node: dict[str, Any], least: bool) -> int:
         if "const" in node:

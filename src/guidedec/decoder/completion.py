@@ -424,8 +424,8 @@ class CompletionSearch:
     def _search(self, matcher: GrammarMatcher, path: list[int], parent: int) -> object:
         """Extend ``path`` (accepted into ``matcher``) to a witness: ``_FOUND``; else
         ``_FAILED`` or ``_PRUNED`` (while cycles are pruned: the state's mask is its parent's, or
-        the path ends with a cycle; no progress), with both
-        left as they were. ``parent`` is the fingerprint of the parent state's mask."""
+        the path ends with a cycle; no progress), with both left as they were. ``parent`` is
+        the fingerprint of the parent state's mask."""
         depth = len(path)
         if self.nodes >= self._budget or self._too_slow():
             return _FAILED

@@ -14,9 +14,9 @@ Read from the grammar's syntax tree (:func:`guidedec.grammar.convert.parse_ebnf`
 
 A literal counts its measure (its tokens, or its UTF-8 bytes), and from inside it its longest
 suffix's (:func:`literal_reach`); a character class one character (four bytes where it holds no
-ASCII one). A rule entered again inside itself (a
-recursion) counts its least there: one level of nesting is counted, as for a recursive
-``$ref`` in a schema, since each further level the model opens owes its own closers.
+ASCII one). A rule entered again inside itself (a recursion) counts its least there: one level
+of nesting is counted, as for a recursive ``$ref`` in a schema, since each further level the
+model opens owes its own closers.
 """
 
 from __future__ import annotations

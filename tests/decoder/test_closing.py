@@ -386,7 +386,7 @@ def test_json_numbers_stop_growing_past_the_digit_bound() -> None:
     """An unbounded integer under a weak model runs to its budget in digits; with closing on,
     an output holds at most ``MAX_DIGIT_RUN`` digits in a row (plus what the last digit token
     adds) and still validates."""
-    from guidedec.decoder.closing import MAX_DIGIT_RUN
+    from guidedec.decoder.row_rules import MAX_DIGIT_RUN
 
     guide = GuidedDecodingParams(json_schema={"type": "integer"})
 
@@ -833,23 +833,3 @@ def test_each_rest_is_what_follows_the_token_s_text_in_the_witness_s(
         assert rests == [text[len(written) :]]
     elif solid and (solid in text or solid[-1] == text[:1]):
         assert rests
-
-
-def test_the_digit_bound_follows_the_slot_s_guide(tokenizer: TokenizerInfo) -> None:
-    """Digits are counted under a JSON guide only: a slot whose params change (a new request
-    without ``forget``) reads the new guide's type."""
-    closer = BudgetCloser(tokenizer, num_slots=1)
-    state = closer._slots[0]
-    (digits,) = tokenizer.encode("12")
-
-    def count(params: GuidedDecodingParams) -> int:
-        req = GuidedRequest.generation(
-            params, request_id=0, seq_slot=0, new_token=digits, tokens_left=40
-        )
-        closer._count_digits(req, state)
-        return state.digit_run
-
-    assert count(GuidedDecodingParams(json_schema=NAME_AGE)) == 2
-    assert count(GuidedDecodingParams(json_schema=NAME_AGE)) == 4
-    state.digit_run = 0
-    assert count(GuidedDecodingParams(regex="[0-9]+")) == 0

@@ -19,7 +19,9 @@ from datasets import read_jsonl
 from guidedec import GuidedDecodingParams, TokenizerInfo
 from guidedec.decoder.request import GuidedRequest
 from guidedec.decoder.root_types import KINDS, RootTypes, root_types
+from guidedec.decoder.row_rules import RootTypeRule, RowRules, RuleStats
 from guidedec.grammar.matcher import GrammarMatcherFactory
+from guidedec.grammar.ruled import RuledMatcher
 from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
 
 # {"type": "object"} beside an allOf of two members: xgrammar guides it as any JSON value.
@@ -86,19 +88,26 @@ def test_every_valid_instance_of_the_shared_data_has_one_of_its_root_types() -> 
 
 
 def test_the_root_stays_open_through_whitespace_only(tokenizer: TokenizerInfo) -> None:
-    roots = RootTypes(tokenizer, num_slots=1)
+    rules = RowRules(tokenizer)
     params = GuidedDecodingParams(json_schema=OBJECT_ALL_OF)
-    roots.start(0, params, "xgrammar")
-    assert roots.open[0] is not None
-    for token in tokenizer.encode("  \n"):
-        roots.advance(0, token)
-    assert roots.open[0] is not None
-    roots.advance(0, tokenizer.encode("{")[0])
-    assert roots.open[0] is None
-    roots.start(0, params, "llguidance")
-    assert roots.open[0] is None  # llguidance enforces the root type itself
-    roots.start(0, GuidedDecodingParams(json_schema={"minimum": 1}), "xgrammar")
-    assert roots.open[0] is None  # nothing to restrict: any type
+    (rule,) = rules.rules(params, "xgrammar", closing=False)
+    assert isinstance(rule, RootTypeRule) and rule.active()
+    spaces = tokenizer.encode("  \n")
+    for token in spaces:
+        rule.advance(token)
+    assert rule.active()
+    rule.advance(tokenizer.encode("{")[0])
+    assert not rule.active()
+    rule.rollback(1)  # a rejected draft token: the root has not started after all
+    assert rule.active()
+    rule.advance(tokenizer.encode("{")[0])
+    rule.advance(tokenizer.encode(" ")[0])
+    rule.rollback(1)
+    assert not rule.active()
+    # llguidance enforces the root type itself; a schema of any type restricts nothing.
+    assert rules.rules(params, "llguidance", closing=False) == []
+    anything = GuidedDecodingParams(json_schema={"minimum": 1})
+    assert rules.rules(anything, "xgrammar", closing=False) == []
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
@@ -116,26 +125,24 @@ def test_outputs_start_with_a_value_of_a_root_type(
     )
     texts = [decoder.config.tokenizer.decode(o.token_ids) for o in outputs]
     assert all(text.lstrip().startswith("{") for text in texts), texts
-    assert (decoder.root_types.restricted > 0) == (backend == "xgrammar")
+    assert (decoder.rules.stats.root_restricted > 0) == (backend == "xgrammar")
     if backend == "xgrammar":
         # Without it, most outputs start something else (the grammar allows any value).
-        decoder.root_types.restricted = 0
-        decoder.root_types.start = lambda *args: None  # type: ignore[method-assign]
-        for slot in range(16):
-            decoder.root_types.forget(slot)
+        decoder.rules.root_types = False
         outputs = uniform_guided_generate(decoder, [params] * 16, seed=3, max_tokens=12)
         texts = [decoder.config.tokenizer.decode(o.token_ids) for o in outputs]
         assert sum(not text.lstrip().startswith("{") for text in texts) > 8
 
 
 def test_a_row_the_restriction_would_empty_is_left_as_it_was(tokenizer: TokenizerInfo) -> None:
-    roots = RootTypes(tokenizer, num_slots=1)
-    roots.start(0, GuidedDecodingParams(json_schema={"type": "object"}), "xgrammar")
-    forbidden = roots.open[0]
+    roots = RootTypes(tokenizer)
+    forbidden = roots.forbidden(GuidedDecodingParams(json_schema={"type": "object"}), "xgrammar")
     assert forbidden is not None
+    stats = RuleStats()
+    rule = RootTypeRule(forbidden, roots.texts, stats)
     words = forbidden.copy()  # a row allowing only tokens that start another type
-    roots.restrict(0, words)
-    assert np.array_equal(words, forbidden) and roots.restricted == 0
+    rule.restrict(words)
+    assert np.array_equal(words, forbidden) and stats.root_restricted == 0
 
 
 def test_a_handed_off_request_s_first_token_ends_the_root(
@@ -154,7 +161,8 @@ def test_a_handed_off_request_s_first_token_ends_the_root(
     )
     decoder.add_batch([first])
     assert decoder.build() == []
-    assert decoder.root_types.open[0] is None
+    matcher = decoder.grammar_matchers[0]
+    assert isinstance(matcher, RuledMatcher) and not matcher.rules[0].active()
     row = decoder.bitmask_host.numpy()[0].view(np.uint32)
     assert (int(row[quote >> 5]) >> (quote & 31)) & 1
 
@@ -162,15 +170,14 @@ def test_a_handed_off_request_s_first_token_ends_the_root(
 def test_warm_up_builds_the_first_character_rows_once(tokenizer: TokenizerInfo) -> None:
     """After ``warm_up`` the tokenizer's first-character rows are kept (the engine builds them
     at start, not at the first restricted request), and a restricted request reads them."""
-    RootTypes(tokenizer, num_slots=1).warm_up()
+    RootTypes(tokenizer).warm_up()
 
     def rebuilt() -> object:
         raise AssertionError("the first-character rows are built again")
 
     kept = tokenizer.backend_object("first-chars", rebuilt)
-    types = RootTypes(tokenizer, num_slots=1)
+    types = RootTypes(tokenizer)
     types.warm_up()
-    types.start(0, GuidedDecodingParams(json_schema={"type": "object"}), "xgrammar")
-    forbidden = types.open[0]
+    forbidden = types.forbidden(GuidedDecodingParams(json_schema={"type": "object"}), "xgrammar")
     assert forbidden is not None
     assert np.array_equal(forbidden, kept.forbidden(frozenset({"object"})))  # type: ignore[attr-defined]

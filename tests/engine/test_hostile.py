@@ -77,6 +77,12 @@ HOSTILE: dict[str, tuple[GuidedDecodingParams, str]] = {
         GuidedDecodingParams(json_schema={"type": "string", "maxLength": -1}),
         "must not be negative",
     ),
+    # llguidance compiles it, then refuses to lex at the first token, inside closing's check of
+    # the sampled token (this failed the whole engine step once).
+    "unlexable pattern": (
+        GuidedDecodingParams(json_schema={"type": "string", "pattern": "^a{1000000}$"}),
+        "too many expressions constructed",
+    ),
 }
 
 

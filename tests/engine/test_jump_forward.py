@@ -213,9 +213,16 @@ def test_narrowed_rows_take_less_of_the_lm_head_and_change_nothing(
     greedy, and their log-probabilities are those of a run that computes every row in full."""
     backend, finder, counter = NARROWED[narrowed]
     guides: list[GuidedDecodingParams | None] = [GUIDES["json"], GUIDES["choice"], None]
+    # Closing off: with it, a request drafts nothing in the last window of its budget (here
+    # all of its 60 tokens), where each sampled token is checked.
     params = [
         SamplingParams(
-            max_tokens=60, temperature=temperature, seed=i, logprobs=2, guided_decoding=g
+            max_tokens=60,
+            temperature=temperature,
+            seed=i,
+            logprobs=2,
+            guided_decoding=g,
+            close_within_budget=False,
         )
         for i, g in enumerate(guides)
     ]

@@ -80,7 +80,7 @@ def generate(
     )
     # The backend's masks alone: the decoder's restriction of xgrammar's first rows to a
     # schema's root types is tested in tests/decoder/test_root_types.py.
-    decoder.root_types.enabled = False
+    decoder.rules.root_types = False
     outputs: list[GeneratedOutput] = []
     for n, batch in enumerate(batches(cases, BATCH_SIZE)):
         guides = [case.params for case in batch]

@@ -5,6 +5,8 @@ weights. Skipped where vLLM is not installed (the main ``.venv``)."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +20,13 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 import guidedec  # noqa: E402
+import guidedec.decoder.completion  # noqa: E402
 from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
 from guidedec.bitmask import apply_bitmask  # noqa: E402
 from guidedec.engine.model import export_model  # noqa: E402
 from guidedec.grammar.auto import AutoMatcherFactory  # noqa: E402
 from guidedec.integrations.vllm import GuidedLogitsProcessor  # noqa: E402
+from guidedec.testing.faults import FAULT_TEXT, FaultPlan, inject  # noqa: E402
 
 PERSON = {
     "type": "object",
@@ -409,3 +413,150 @@ def test_preempted_requests_come_back_with_their_tokens(
     assert any(count > 0 for count in _RecordingProcessor.added), "vLLM preempted nothing"
     for out in outputs:
         assert out.finish_reason == "stop" and re.fullmatch("[a-z ]{200}", out.text), out
+
+
+UNLEXABLE = {"type": "string", "pattern": "^a{1000000}$"}
+"""A pattern llguidance compiles, then refuses to lex at the first token."""
+FAULTY = {
+    "type": "object",
+    "properties": {"tag": {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+    "required": ["tag", "n"],
+}
+
+
+class _FaultyProcessor(GuidedLogitsProcessor):
+    """The processor with the matchers of ``FAULTY`` failing where ``plan`` says."""
+
+    plan: ClassVar[FaultPlan] = FaultPlan()
+    made: ClassVar[list[GuidedLogitsProcessor]] = []
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        inject(self, self.plan, [GuidedDecodingParams(json_schema=FAULTY)])
+        self.made.append(self)
+
+
+@pytest.fixture(scope="module")
+def faulty_engine(model_dir: Path) -> Iterator[Any]:
+    """vLLM in this process (the test arms the processor's plan), llguidance as the backend."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # Every run makes the same calls: the closing search's time limit is lifted.
+        patch.setattr(guidedec.decoder.completion, "SLOW_SEARCH_S", math.inf)
+        llm = vllm.LLM(
+            str(model_dir),
+            dtype="float32",
+            max_model_len=512,
+            max_num_seqs=4,
+            enforce_eager=True,
+            kv_cache_memory_bytes=1 << 30,
+            seed=0,
+            logits_processors=[_FaultyProcessor],
+            additional_config={"guidedec": {"backend": "llguidance"}},
+        )
+        yield llm
+        del llm
+
+
+HEALTHY_GUIDES = [{"json_schema": PERSON}, {"regex": "(yes|no)-[0-9]{2}"}]
+FAULTY_PROMPTS = ["Answer:", "A tag:", "Another:"]
+
+
+def _faulty_batch(engine: Any, guide: dict[str, Any]) -> list[Any]:
+    for processor in _FaultyProcessor.made:  # closing keeps a guide's witnesses for the next
+        processor._closer = None  # outputs: each run starts without them
+    guides = [HEALTHY_GUIDES[0], guide, HEALTHY_GUIDES[1]]
+    return _texts(engine, FAULTY_PROMPTS, [_params(g, 24) for g in guides])
+
+
+def _healthy_alone(engine: Any) -> list[list[int]]:
+    _FaultyProcessor.plan.arm()
+    prompts = [FAULTY_PROMPTS[0], FAULTY_PROMPTS[2]]
+    return [
+        _texts(engine, [p], _params(g, 24))[0].token_ids
+        for p, g in zip(prompts, HEALTHY_GUIDES, strict=True)
+    ]
+
+
+def test_a_pattern_llguidance_cannot_lex_ends_its_request_alone(
+    faulty_engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's case: before, llguidance's lexer error escaped the processor's feed and
+    vLLM's engine died (``EngineDeadError``) with every request in flight."""
+    alone = _healthy_alone(faulty_engine)
+    with caplog.at_level(logging.ERROR, logger="guidedec.integrations.vllm"):
+        first, hostile, last = _faulty_batch(faulty_engine, {"json_schema": UNLEXABLE})
+    assert [first.token_ids, last.token_ids] == alone
+    assert hostile.finish_reason == "stop" and len(hostile.token_ids) <= 2, hostile
+    assert "too many expressions" in caplog.text
+    assert _healthy_alone(faulty_engine) == alone  # vLLM serves on
+
+
+def test_a_backend_failure_at_each_plugin_call_site_ends_its_request_alone(
+    faulty_engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call site the processor reaches a matcher from (its feed, its fills, closing's
+    search), recorded by a first run, then failed there: the request ends at its next token
+    (a stop token), the failure is logged, the others are unchanged and vLLM serves on."""
+    plan = _FaultyProcessor.plan
+    alone = _healthy_alone(faulty_engine)
+    guide = {"json_schema": FAULTY, "close_within_budget": True}
+    plan.arm()
+    baseline = _faulty_batch(faulty_engine, guide)
+    assert [baseline[0].token_ids, baseline[2].token_ids] == alone
+    sites = sorted(plan.calls)
+    reached = {site for _, site in sites}
+    plugin = {f"guidedec.integrations.vllm:{name}" for name in ("_feed", "_fill", "_close")}
+    assert plugin | {"guidedec.decoder.completion:witness"} <= reached, reached
+    stops = set(faulty_engine.get_tokenizer().all_special_ids)
+    for method, site in sites:
+        plan.arm(method, site)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="guidedec.integrations.vllm"):
+            first, faulty, last = _faulty_batch(faulty_engine, guide)
+        assert plan.fired is not None, (method, site)
+        assert [first.token_ids, last.token_ids] == alone, (method, site)
+        tokens = faulty.token_ids
+        assert tokens[-1] in stops and tokens[:-1] == baseline[1].token_ids[: len(tokens) - 1]
+        assert FAULT_TEXT in caplog.text, (method, site)
+    plan.arm()
+    assert _faulty_batch(faulty_engine, guide)[1].token_ids == baseline[1].token_ids
+
+
+def test_a_dead_end_row_ends_its_request_instead_of_a_row_of_minus_inf(
+    faulty_engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A filled row that allows no token would become a whole row of -inf: the processor ends
+    the request instead (its stop tokens only), as guidedec's engine fails it."""
+    plan = _FaultyProcessor.plan
+    alone = _healthy_alone(faulty_engine)
+    plan.arm()
+    baseline = _faulty_batch(faulty_engine, {"json_schema": FAULTY})[1].token_ids
+    plan.arm("fill_next_token_bitmask", nth=3, dead_end=True)
+    with caplog.at_level(logging.ERROR, logger="guidedec.integrations.vllm"):
+        first, dead, last = _faulty_batch(faulty_engine, {"json_schema": FAULTY})
+    assert plan.fired is not None
+    assert [first.token_ids, last.token_ids] == alone
+    assert dead.finish_reason == "stop" and dead.token_ids[:2] == baseline[:2]
+    assert len(dead.token_ids) == 3 and "dead end" in caplog.text
+    plan.arm()
+
+
+def test_min_tokens_against_a_finished_guide_ends_it_instead_of_a_row_of_minus_inf(
+    faulty_engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's ``min_tokens`` masks the stop tokens before the processor runs: where the guide
+    allows nothing else (a complete output, or a request that failed) the row would be all
+    -inf and vLLM would sample token 0 from it. The request ends at its stop token instead."""
+    stops = set(faulty_engine.get_tokenizer().all_special_ids)
+    guides = [{"regex": "(yes|no)-[0-9]{2}"}, {"json_schema": UNLEXABLE}]
+    params = [
+        vllm.SamplingParams(max_tokens=24, min_tokens=12, temperature=0, extra_args={"guidedec": g})
+        for g in guides
+    ]
+    with caplog.at_level(logging.WARNING, logger="guidedec.integrations.vllm"):
+        complete, failed = _texts(faulty_engine, ["Answer:", "Oops:"], params)
+    assert complete.finish_reason == "stop" and re.fullmatch("(yes|no)-[0-9]{2}", complete.text)
+    assert complete.token_ids[-1] in stops and 0 not in complete.token_ids
+    assert failed.finish_reason == "stop" and len(failed.token_ids) <= 2
+    assert "no token left" in caplog.text

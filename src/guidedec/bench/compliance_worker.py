@@ -241,7 +241,7 @@ class Evaluator:
             config = GuidedDecodingConfig(backend=name, tokenizer=self.tokenizer)  # type: ignore[arg-type]
             decoder = GuidedDecoder(config=config, factory=timing, max_num_sequences=GEN_SAMPLES)
             decoder.closer.warm_up()  # built once per worker, not within a schema's timing
-            decoder.root_types.warm_up()
+            decoder.rules.warm_up()
             timing.warm_up()  # so is what the backends' completes read
             self.decoders[name] = (decoder, timing)
         decoder, timing = self.decoders[name]
@@ -250,13 +250,13 @@ class Evaluator:
         # First without the engine's checks and the decoder's root types (the backend alone:
         # timing and what would stop invalid), then with them (the defaults: the figures of
         # the main table).
-        decoder.root_types.enabled = False
+        decoder.rules.root_types = False
         start = time.perf_counter()
         plain = uniform_guided_generate(
             decoder, [params] * GEN_SAMPLES, seed=GEN_SEED, max_tokens=GEN_MAX_TOKENS
         )
         out.gen_plain_s = time.perf_counter() - start
-        decoder.root_types.enabled = True
+        decoder.rules.root_types = True
         for output in plain:
             verdict = validate(validator, self.tokenizer.decode(output.token_ids))
             invalid = verdict is not None and not verdict.startswith("unchecked")

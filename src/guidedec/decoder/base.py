@@ -27,7 +27,7 @@ from guidedec.bitmask.layout import token_word
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
-from guidedec.decoder.root_types import RootTypes
+from guidedec.decoder.row_rules import RowRules
 from guidedec.decoder.rows import (
     DEAD_END,
     Failure,
@@ -48,6 +48,7 @@ from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,
 )
+from guidedec.grammar.params import GuidedDecodingParams
 
 _ADVANCED = -1
 """A new token accepted, its row not filled yet (beside the statuses of ``advance_and_fill``)."""
@@ -139,7 +140,7 @@ class BaseGuidedDecoder(RowFilling):
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
-        self.root_types = RootTypes(config.tokenizer, max_num_sequences)
+        self.rules = RowRules(config.tokenizer)
         self._time_fills = False  # fills are timed after a slow build (see _timed_fill)
         self._fast_builds = 0  # builds in a row under FILL_TIMING_S while timing
         self._timed_batch: GuidedRequests | None = None  # the last build, if it timed fills
@@ -231,10 +232,18 @@ class BaseGuidedDecoder(RowFilling):
         slot = req.seq_slot
         self.closer.forget(slot)
         self.slots.reset(slot)  # a failed create leaves the slot empty
-        self.root_types.forget(slot)
-        matcher = self.factory.create(req.guided_decoding_params)
+        matcher = self.new_matcher(req.guided_decoding_params, closing=req.tokens_left is not None)
         self.slots.start(slot, matcher)
-        self.root_types.start(slot, req.guided_decoding_params, matcher.backend)
+
+    def new_matcher(self, params: GuidedDecodingParams, *, closing: bool = False) -> GrammarMatcher:
+        """A matcher at the start of ``params``' guide, under the row rules of a request with
+        that guide (and with budget-aware closing or not): every row it fills is the row's
+        allowed set, whoever fills it (see :mod:`guidedec.decoder.row_rules`).
+
+        Raises:
+            GrammarError: the guide cannot be compiled.
+        """
+        return self.rules.wrap(self.factory.create(params), params, closing=closing)
 
     def build(self) -> list[Failure]:
         """Advance every guided request's matcher and fill its bitmask rows (host side).
@@ -305,8 +314,6 @@ class BaseGuidedDecoder(RowFilling):
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
-        roots: list[tuple[int, int]] = []  # rows before a root value's start (see RootTypes)
-        root_open = self.root_types.open
         offsets = batch.offsets  # the requests' own: indexed (a zip costs 0.1 to 0.3 us)
         for i, req in enumerate(requests):
             if req.guided_decoding_params is None:
@@ -341,8 +348,6 @@ class BaseGuidedDecoder(RowFilling):
                     advanced[slot] = 1
                     if status == TERMINATED:
                         continue
-                    if root_open[slot] is not None:
-                        self.root_types.advance(slot, token)
                     if forced is not None:
                         self._force_row(offset, forced)
                         guided[slot] = 1
@@ -356,8 +361,6 @@ class BaseGuidedDecoder(RowFilling):
                         continue
                 if closes:
                     closing.append((req, offset))
-                if root_open[slot] is not None and not drafts:
-                    roots.append((slot, offset))
                 if not eager:
                     wave.append(RowFill(req, matcher, offset, drafts))
                 elif drafts:
@@ -380,11 +383,8 @@ class BaseGuidedDecoder(RowFilling):
         self.stats.rows_filled += rows_filled
         while wave:
             wave = self._fill_wave(wave, failures)
-        for slot, row in roots:
-            if self._token_mask_np[row]:
-                self.root_types.restrict(slot, self._bitmask_words[row])
         if closing:
-            self._close(closing)
+            self._close(closing, failures)
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
             self._disagg_init.clear()
         return failures
@@ -408,17 +408,21 @@ class BaseGuidedDecoder(RowFilling):
         words[token >> 5] = token_word(token)
         self._token_mask_words[row] = 1
 
-    def _close(self, requests: list[tuple[GuidedRequest, int]]) -> None:
-        """Budget-aware closing of the filled one-row requests that carry ``tokens_left``."""
+    def _close(self, requests: list[tuple[GuidedRequest, int]], failures: list[Failure]) -> None:
+        """Budget-aware closing of the filled one-row requests that carry ``tokens_left``. A
+        backend call that fails in it (the closing search runs the matcher back and forth)
+        fails the request: its matcher's state is no longer known."""
         words = self._bitmask_words
         for req, row in requests:
             matcher = self.grammar_matchers[req.seq_slot]
-            if matcher is None or not self._token_mask_np[row] or matcher.is_terminated():
+            if matcher is None or not self._token_mask_np[row]:
                 continue
             try:
-                self.closer.close(req, matcher, words[row])
-            except REQUEST_ERRORS:  # the search only reads: a failing backend call ends it
-                self.closer.forget(req.seq_slot)
+                if not matcher.is_terminated():
+                    self.closer.close(req, matcher, words[row])
+            except REQUEST_ERRORS as exc:
+                self._token_mask_np[row] = 0  # never a row the search left half-written
+                self._fail(req, exc, failures)
 
     def _start_request(self, req: GuidedRequest, drafts: tuple[int, ...]) -> GrammarMatcher | None:
         """Create or advance the request's matcher; returns it when its new-token row is to be
@@ -471,8 +475,6 @@ class BaseGuidedDecoder(RowFilling):
                 return False
             raise RequestError(f"sampled token {req.new_token} is rejected by its grammar")
         self.num_advanced_tokens[slot] += 1
-        if self.root_types.open[slot] is not None:
-            self.root_types.advance(slot, req.new_token)
         return True
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
@@ -523,7 +525,6 @@ class BaseGuidedDecoder(RowFilling):
         """Drop the grammar state of a finished or aborted request's slot."""
         self.slots.reset(seq_slot)
         self.closer.forget(seq_slot)
-        self.root_types.forget(seq_slot)
 
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""

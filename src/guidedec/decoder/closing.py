@@ -47,14 +47,13 @@ from guidedec.bitmask.layout import token_word
 from guidedec.decoder.completion import (
     ClosingVocab,
     CompletionSearch,
-    DigitTokens,
     completes,
     guide_words,
 )
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.matcher import GrammarMatcher
-from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.schema_reach import MAX_REACH, guide_reach
 from guidedec.tokenizer import TokenizerInfo
 
@@ -64,8 +63,6 @@ MARGIN = 2
 """Room a witness must leave for the model to choose freely; with less the witness is forced."""
 GUIDES_KEPT = 1024
 """Guides whose words and start results are kept (all are dropped when it fills)."""
-MAX_DIGIT_RUN = 24
-"""The most ASCII digits in a row that a JSON guided output may hold (see ``_bound_digits``)."""
 REPLAY_SKIPS = 3
 """Leading tokens of the previous witness a replay may skip (the sampled token wrote them)."""
 KEYS_KEPT = 64
@@ -77,7 +74,6 @@ RECENT_SLACK = 8
 matters only where the budget is close."""
 ENCODINGS_KEPT = 4096
 """Texts whose encodings are kept (all are dropped when it fills)."""
-_JSON_GUIDES = (GuideType.JSON_SCHEMA, GuideType.JSON_OBJECT)
 
 
 @dataclass(slots=True)
@@ -90,7 +86,6 @@ class ClosingStats:
     forced_rows: int = 0
     no_fit: int = 0
     resampled: int = 0
-    digit_runs_cut: int = 0
     recent_hits: int = 0
     respelled: int = 0  # witnesses found by encoding the previous one's text again
     searches_given_up: int = 0  # a guide's masks were too slow to search (SLOW_SEARCH_S)
@@ -103,10 +98,8 @@ class _SlotState:
     next_search: int = WINDOW  # search again once tokens_left is at most this
     window: int = WINDOW  # the guide's window (see BudgetCloser.window)
     incomplete: bool = False
-    digit_run: int = 0  # ASCII digits at the end of the output
     moved: bool = False  # the matcher moved by more than the row's token since the witness
-    guide: GuidedDecodingParams | None = None  # the params ``json`` was read from
-    json: bool = False  # the guide is a JSON schema or object (digit runs are bounded)
+    guide: GuidedDecodingParams | None = None  # the params ``window`` was read from
 
 
 @dataclass
@@ -121,7 +114,6 @@ class BudgetCloser:
     def __post_init__(self) -> None:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
         self._search: CompletionSearch | None = None
-        self._digits: DigitTokens | None = None  # built at the first JSON row
         self._words: dict[object, list[int]] = {}
         self._recent: dict[object, list[list[int]]] = {}  # guide -> witnesses found lately
         self._starts: dict[object, list[int]] = {}  # guide -> a witness of its initial state
@@ -132,11 +124,13 @@ class BudgetCloser:
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
         """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
-        ``tokens_left`` at the first: a search falls due, or a witness is close to being
-        forced. Speculative decoding proposes no drafts then, since closing reads every row."""
+        ``tokens_left`` at the first: a row inside the guide's window (its sampled token is
+        checked, see :meth:`checks`), a search falls due, or a witness is close to being
+        forced. Speculative decoding proposes no drafts then: a verified draft token would
+        skip the check, and a forced row would not be forced."""
         state = self._slots[slot]
         last = tokens_left - num_tokens
-        if last <= state.next_search:
+        if last <= state.next_search or (last <= state.window and not state.incomplete):
             return True
         return state.witness is not None and len(state.witness) > last - MARGIN - num_tokens
 
@@ -150,7 +144,7 @@ class BudgetCloser:
         was learned about its distance to a completion (no search again after a failed one)
         is kept, since a search costs its whole budget."""
         state = self._slots[slot]
-        state.after, state.moved, state.digit_run = None, True, 0
+        state.after, state.moved = None, True
 
     def close(self, req: GuidedRequest, matcher: GrammarMatcher, words: npt.NDArray[Any]) -> None:
         """Restrict the request's row (``words``: its int32 words, just filled for the matcher's
@@ -160,7 +154,6 @@ class BudgetCloser:
         state = self._slots[req.seq_slot]
         if req.guided_decoding_params is not state.guide:
             self._meet(req.guided_decoding_params, state)
-        self._bound_digits(req, state, words)
         if state.witness is None and state.after is None and left > state.next_search:
             state.moved = False
             return  # before the window (or between searches with no witness): nothing to do
@@ -233,17 +226,17 @@ class BudgetCloser:
             return None
         if not rest or len(rest) <= left - MARGIN:
             return None
-        self._count_digits(req, state)  # a one-token row: nothing to cut
+        if req.guided_decoding_params is not state.guide:
+            self._meet(req.guided_decoding_params, state)
         state.after, state.witness = None, rest
         self.stats.forced_rows += 1
         return rest[0]
 
     def _meet(self, params: GuidedDecodingParams | None, state: _SlotState) -> None:
-        """Read the guide of the slot's request at its first row: whether it is JSON, and its
-        window (the first search falls due there)."""
+        """Read the guide of the slot's request at its first row: its window (the first search
+        falls due there)."""
         fresh = state.guide is None
         state.guide = params
-        state.json = params is not None and params.guide_type in _JSON_GUIDES
         state.window = WINDOW if params is None else self.window(params)
         if fresh:
             state.next_search = max(state.next_search, state.window)
@@ -268,34 +261,6 @@ class BudgetCloser:
             self._windows[key] = known
         return known
 
-    def _count_digits(self, req: GuidedRequest, state: _SlotState) -> DigitTokens | None:
-        """Count the ASCII digits the output ends with (under a JSON guide: else None)."""
-        if req.guided_decoding_params is not state.guide:
-            self._meet(req.guided_decoding_params, state)
-        if not state.json:
-            return None
-        digits = self._digits
-        if digits is None:
-            digits = self._digits = DigitTokens.of(self.tokenizer)
-        token = req.new_token
-        if token is not None and 0 <= token < digits.lengths.shape[0]:
-            length = int(digits.lengths[token])
-            state.digit_run = state.digit_run + length if length else 0
-        return digits
-
-    def _bound_digits(self, req: GuidedRequest, state: _SlotState, words: npt.NDArray[Any]) -> None:
-        """Under a JSON guide, forbid all-digit tokens once the output ends with
-        ``MAX_DIGIT_RUN`` digits, where the row allows something else: a number that long has
-        no meaning (float64 keeps 17 significant digits, int64 19), and a weak model otherwise
-        writes digits until its budget runs out."""
-        digits = self._count_digits(req, state)
-        if digits is None or state.digit_run < MAX_DIGIT_RUN:
-            return
-        kept = words & ~digits.words
-        if (kept & digits.real_words).any():
-            words[:] = kept
-            self.stats.digit_runs_cut += 1
-
     def checks(self, slot: int, tokens_left: int) -> bool:
         """Whether a token sampled for the slot's last closed row, with ``tokens_left`` at that
         row, should go through :meth:`admits`: inside the guide's window, unless no witness
@@ -305,10 +270,9 @@ class BudgetCloser:
         return tokens_left <= state.window and not state.incomplete
 
     def warm_up(self) -> None:
-        """Build the per-tokenizer tables closing reads (the decoded vocabulary, ~1 s; the digit
-        tokens) now rather than at a first guided row, beside running requests."""
+        """Build the per-tokenizer table closing reads (the decoded vocabulary, ~1 s) now
+        rather than at a first guided row, beside running requests."""
         self.vocab()
-        self._digits = DigitTokens.of(self.tokenizer)
 
     def vocab(self) -> ClosingVocab:
         """The decoded vocabulary the search reads (built at first use, ~1 s)."""

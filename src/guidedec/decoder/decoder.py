@@ -99,26 +99,25 @@ class GuidedDecoder(BaseGuidedDecoder):
         """The tokens the slot's grammar forces after ``new_token`` (jump-forward drafts), at
         most ``max_tokens``; the matcher is left at its state. Call after
         :meth:`rollback_rejected_batch` (the matcher holds the accepted prefix, ``new_token``
-        not yet fed); [] where the slot has no matcher, rejects ``new_token`` or ends with it."""
+        not yet fed); [] where the slot has no matcher, rejects ``new_token`` or ends with it.
+
+        Raises:
+            RequestError: a backend call failed: the slot's grammar state is dropped (it is no
+                longer known), and its request is to be finished as failed.
+        """
         matcher = self.grammar_matchers[seq_slot]
-        if matcher is None or max_tokens <= 0 or matcher.is_terminated():
+        if matcher is None or max_tokens <= 0:
             return []
-        forced: list[int] = []
         try:
-            if not matcher.accept_token(new_token):
+            if matcher.is_terminated() or not matcher.accept_token(new_token):
                 return []
-        except REQUEST_ERRORS:  # a backend failure here costs the drafts only
-            return []
-        try:
-            if not matcher.is_terminated():
-                forced = matcher.forced_tokens()[:max_tokens]
-        except REQUEST_ERRORS:
-            forced = []
-        try:
-            matcher.rollback(1)
-        except REQUEST_ERRORS:  # the state is lost: the request fails at its next build
-            self.grammar_matchers[seq_slot] = None
-            return []
+            try:
+                forced = [] if matcher.is_terminated() else matcher.forced_tokens()[:max_tokens]
+            finally:
+                matcher.rollback(1)
+        except REQUEST_ERRORS as exc:
+            self.release_slot(seq_slot)
+            raise RequestError(f"failed in guided decoding (jump-forward): {exc}") from exc
         return forced
 
     def rollback_draft_tokens(self) -> list[Failure]:

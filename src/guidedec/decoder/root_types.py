@@ -9,7 +9,9 @@ character that is not whitespace (``{`` an object, ``[`` an array, ``"`` a strin
 digit a number, ``t`` / ``f`` a boolean, ``n`` null): on such an output's rows before its first
 character that is not whitespace, the decoder forbids the tokens that start a value of another
 type. Every instance the schema
-accepts starts with an allowed character, so no valid output is lost.
+accepts starts with an allowed character, so no valid output is lost. The restriction is a row
+rule (:class:`guidedec.decoder.row_rules.RootTypeRule`): it applies to every row of the output,
+sampled, drafted or verified alike.
 """
 
 from __future__ import annotations
@@ -120,57 +122,39 @@ class FirstCharRows:
 
 
 class RootTypes:
-    """Per sequence slot, whether its output is still before its root value (only whitespace
-    written) under an xgrammar JSON-schema guide whose schema names its root types; and the
-    restriction of such a slot's rows."""
+    """The rows that the root-type restriction forbids, per guide, for one tokenizer (built at
+    first use and kept for ``GUIDES_KEPT`` guides): the per-request rule that applies them is
+    :class:`guidedec.decoder.row_rules.RootTypeRule`."""
 
-    def __init__(self, tokenizer: TokenizerInfo, num_slots: int) -> None:
+    def __init__(self, tokenizer: TokenizerInfo) -> None:
         self._tokenizer = tokenizer
-        self.open: list[npt.NDArray[np.int32] | None] = [None] * num_slots  # forbidden row
         self._forbidden: OrderedDict[str, npt.NDArray[np.int32] | None] = OrderedDict()
         self._texts: tuple[str, ...] = ()
-        self.restricted = 0  # rows whose mask lost tokens
-        self.enabled = True  # False: the backend's masks as they are (a benchmark's baseline)
 
     def warm_up(self) -> None:
         """Build the tokenizer's first-character rows (~0.2 s) now rather than at the first
         restricted request."""
         self._first_chars()
 
-    def _first_chars(self) -> FirstCharRows:
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """Each token's text (the decoded vocabulary closing reads too)."""
         if not self._texts:
             self._texts = ClosingVocab.of(self._tokenizer).texts
-        return FirstCharRows.of(self._tokenizer, self._texts)
+        return self._texts
 
-    def start(self, slot: int, params: GuidedDecodingParams, backend: str) -> None:
-        """A matcher was created for the slot: its first rows are restricted where the guide
-        is a JSON schema that xgrammar guides (the backend that approximates)."""
-        self.open[slot] = None
-        if not self.enabled:
-            return
-        if params.guide_type is GuideType.JSON_SCHEMA and backend == XGRAMMAR:
-            assert isinstance(params.guide, str)
-            self.open[slot] = self._row(params.guide)
+    def _first_chars(self) -> FirstCharRows:
+        return FirstCharRows.of(self._tokenizer, self.texts)
 
-    def forget(self, slot: int) -> None:
-        self.open[slot] = None
-
-    def advance(self, slot: int, token: int) -> None:
-        """The slot's output took ``token``: past the root's start unless it is whitespace."""
-        texts = self._texts
-        if not (0 <= token < len(texts) and texts[token] and texts[token].isspace()):
-            self.open[slot] = None
-
-    def restrict(self, slot: int, words: npt.NDArray[np.int32]) -> None:
-        """Clear from ``words`` (the slot's row, filled) the tokens that start a value of a
-        type the schema excludes, where that leaves a token allowed."""
-        forbidden = self.open[slot]
-        if forbidden is None:
-            return
-        kept = words & ~forbidden
-        if kept.any() and not np.array_equal(kept, words):
-            words[:] = kept
-            self.restricted += 1
+    def forbidden(self, params: GuidedDecodingParams, backend: str) -> npt.NDArray[np.int32] | None:
+        """The row of the tokens that the first rows of an output of ``params`` must not allow:
+        those that start a value of a type its schema excludes, where the guide is a JSON schema
+        that names its root types and ``backend`` is xgrammar (the backend that approximates);
+        None where nothing is to be restricted."""
+        if params.guide_type is not GuideType.JSON_SCHEMA or backend != XGRAMMAR:
+            return None
+        assert isinstance(params.guide, str)
+        return self._row(params.guide)
 
     def _row(self, schema_text: str) -> npt.NDArray[np.int32] | None:
         if schema_text in self._forbidden:

@@ -69,6 +69,7 @@ from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
 from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.stop_strings import stop_string_start
 from guidedec.engine.validation import OutputValidator
+from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 
@@ -116,7 +117,7 @@ class EngineCore:
         # now, not beside the first guided requests' steps (they would stall every request).
         self.factory.warm_up()
         self.decoder.closer.warm_up()
-        self.decoder.root_types.warm_up()
+        self.decoder.rules.warm_up()
         if cuda_graphs and speculator is None:  # decode steps replay; the rest run eagerly
             self.graphs = DecodeGraphs(runner, CapturableGuidedDecoder(self.decoder))
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
@@ -352,14 +353,17 @@ class EngineCore:
                 if s.is_last_chunk:
                     token = drawn.get(req.request_id)
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    self._append(req, [self._checked(s, rows.stop - 1, token, logits, sparse)])
+                    token = self._checked(s, rows.stop - 1, token, logits, sparse)
+                    if token is not None:
+                        self._append(req, [token])
                     req.metrics.first_token = time.perf_counter()
             else:
                 token = drawn.get(req.request_id)
                 if len(s.token_ids) == 1:  # no drafts: the one token, checked for closing
                     token = greedy_token(best, rows.stop - 1) if token is None else token
                     token = self._checked(s, rows.stop - 1, token, logits, sparse)
-                self._verify(req, s, logits[rows], best[rows], token)
+                if not req.is_finished:  # a failed check has finished it
+                    self._verify(req, s, logits[rows], best[rows], token)
             req.generation_only_first = False
             if starting and not s.is_prefill:
                 req.guide_starts = False  # this step created its matcher
@@ -425,12 +429,15 @@ class EngineCore:
         token: int,
         logits: torch.Tensor,
         sparse: dict[int, torch.Tensor],
-    ) -> int:
+    ) -> int | None:
         """``token``, or another one sampled from the same row without it, when after it no
         completion of the request's guide fits what is left of its budget (budget-aware
         closing; see :meth:`guidedec.decoder.closing.BudgetCloser.admits`) or it closes a value
         that breaks the request's schema (see :mod:`guidedec.engine.steering`). The draw is the
-        row's distribution restricted to the tokens that pass."""
+        row's distribution restricted to the tokens that pass.
+
+        None when a backend call inside the checks failed: the request has finished with
+        ``grammar_error`` naming it (its matcher's state is unknown); the others go on."""
         req = s.request
         guide, slot = req.params.guided_decoding, req.slot
         if guide is None or slot is None:
@@ -443,19 +450,24 @@ class EngineCore:
         closing, steering = req.params.close_within_budget, req.steered
         if not closing and not steering:
             return token
-        token, broken = check_sampled(
-            token,
-            params=guide,
-            slot=slot,
-            matcher=matcher,
-            closer=self.decoder.closer,
-            steering=self.steering if steering else None,
-            closing=closing,
-            tokens_left=req.tokens_left(self.max_model_len),
-            output_ids=req.output_token_ids,
-            tokenizer=self.tokenizer,
-            redraw=lambda banned: self._redraw(req, row, logits, sparse, banned),
-        )
+        try:
+            token, broken = check_sampled(
+                token,
+                params=guide,
+                slot=slot,
+                matcher=matcher,
+                closer=self.decoder.closer,
+                steering=self.steering if steering else None,
+                closing=closing,
+                tokens_left=req.tokens_left(self.max_model_len),
+                output_ids=req.output_token_ids,
+                tokenizer=self.tokenizer,
+                redraw=lambda banned: self._redraw(req, row, logits, sparse, banned),
+            )
+        except REQUEST_ERRORS as exc:
+            message = f"request {req.request_id} (slot {slot}) failed in guided decoding: {exc}"
+            req.finish("grammar_error", message)
+            return None
         if broken is not None:  # no draw keeps the output valid
             req.broken = broken
         return token

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from guidedec.decoder import GuidedDecoder
+from guidedec.decoder import GuidedDecoder, RequestError
 from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.ngram import NgramDrafter
@@ -116,7 +116,12 @@ class JumpForwardSpeculator:
             forced: list[int] = []
             guided = req.params.guided_decoding is not None and req.output_token_ids
             if k and decoder is not None and guided and req.slot is not None:
-                forced = decoder.forced_tokens(req.slot, req.output_token_ids[-1], k)
+                try:
+                    forced = decoder.forced_tokens(req.slot, req.output_token_ids[-1], k)
+                except RequestError as exc:
+                    message = f"request {req.request_id} (slot {req.slot}) {exc}"
+                    failures.append((req.request_id, message))
+                    continue
             drafts = forced
             if self.drafter is not None and len(drafts) < k:
                 more = self.drafter.propose([*req.all_token_ids, *drafts], k - len(drafts))

@@ -22,8 +22,10 @@ from typing import get_args
 
 import torch
 
+from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.config import FillMode
 from guidedec.grammar.matcher import GrammarMatcher, fill_one_by_one
+from guidedec.grammar.ruled import RuledMatcher, batch_member
 
 FILL_MODES: tuple[str, ...] = get_args(FillMode)
 
@@ -123,23 +125,33 @@ class BatchFiller:
         """Fill row ``rows[i]`` for ``matchers[i]`` (none terminated).
 
         Returns, per matcher, the exception its fill raised or None, as
-        :meth:`GrammarMatcher.fill_next_token_bitmasks`.
+        :meth:`GrammarMatcher.fill_next_token_bitmasks`. A matcher under row rules
+        (:class:`~guidedec.grammar.ruled.RuledMatcher`) is filled in its backend's batch call,
+        then its rules restrict its row.
         """
         if self.one_by_one(len(matchers)):
             return fill_one_by_one(matchers, bitmask, rows)
+        members = [batch_member(matcher) for matcher in matchers]
         groups: dict[type[GrammarMatcher], list[int]] = {}
-        for i, matcher in enumerate(matchers):
-            groups.setdefault(type(matcher), []).append(i)
+        for i, member in enumerate(members):
+            groups.setdefault(type(member), []).append(i)
         if len(groups) == 1:
             ((cls, _),) = groups.items()
-            return self._fill_group(cls, matchers, bitmask, rows)
-        errors: Errors = [None] * len(matchers)
-        for cls, members in groups.items():
-            group = [matchers[i] for i in members]
-            group_rows = [rows[i] for i in members]
-            group_errors = self._fill_group(cls, group, bitmask, group_rows)
-            for i, error in zip(members, group_errors, strict=True):
-                errors[i] = error
+            errors = self._fill_group(cls, members, bitmask, rows)
+        else:
+            errors = [None] * len(matchers)
+            for cls, indices in groups.items():
+                group = [members[i] for i in indices]
+                group_rows = [rows[i] for i in indices]
+                group_errors = self._fill_group(cls, group, bitmask, group_rows)
+                for i, error in zip(indices, group_errors, strict=True):
+                    errors[i] = error
+        for i, matcher in enumerate(matchers):
+            if errors[i] is None and isinstance(matcher, RuledMatcher):
+                try:
+                    matcher.restrict_row(bitmask, rows[i])
+                except REQUEST_ERRORS as exc:
+                    errors[i] = exc
         return errors
 
     def one_by_one(self, num_rows: int) -> bool:
@@ -168,27 +180,39 @@ class BatchFiller:
         if not cls.parallel_fill or len(matchers) < MIN_PARALLEL_ROWS:
             return fill_one_by_one(matchers, bitmask, rows)
         if self.mode == "parallel":
-            return cls.fill_next_token_bitmasks(
-                matchers, bitmask, rows, num_threads=self.num_threads
-            )
+            return self._parallel(cls, matchers, bitmask, rows)
         key = (cls, len(matchers).bit_length())
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
         if not bucket.measuring():
             if bucket.choice:
-                return cls.fill_next_token_bitmasks(
-                    matchers, bitmask, rows, num_threads=self.num_threads
-                )
+                return self._parallel(cls, matchers, bitmask, rows)
             return fill_one_by_one(matchers, bitmask, rows)
         parallel_first = len(bucket.ratios) % 2 == 0
         times = {}
         for parallel in (parallel_first, not parallel_first):
             start = self._clock()
             if parallel:
-                cls.fill_next_token_bitmasks(matchers, bitmask, rows, num_threads=self.num_threads)
+                self._parallel(cls, matchers, bitmask, rows)
             else:
                 errors = fill_one_by_one(matchers, bitmask, rows)
             times[parallel] = self._clock() - start
         bucket.record(times[True], times[False])
         return errors
+
+    def _parallel(
+        self,
+        cls: type[GrammarMatcher],
+        matchers: Sequence[GrammarMatcher],
+        bitmask: torch.Tensor,
+        rows: Sequence[int],
+    ) -> Errors:
+        """The backend's batch call; where it raises for the whole batch, the rows one by one,
+        so that a failure is reported for its own matcher only."""
+        try:
+            return cls.fill_next_token_bitmasks(
+                matchers, bitmask, rows, num_threads=self.num_threads
+            )
+        except REQUEST_ERRORS:
+            return fill_one_by_one(matchers, bitmask, rows)

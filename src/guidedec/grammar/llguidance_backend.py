@@ -175,7 +175,9 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def _check_error(self) -> None:
         if self._matcher.is_error():
-            raise MatcherError(f"llguidance matcher error: {self._matcher.get_error()}")
+            # The first line names the error; llguidance dumps its state and grammar after it.
+            error = self._matcher.get_error().split("\n<state>", 1)[0].strip()
+            raise MatcherError(f"llguidance matcher error: {error}")
 
     parallel_fill = True
 

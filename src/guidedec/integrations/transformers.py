@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.config import BackendName, GuidedDecodingConfig, WhitespaceMode
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
@@ -64,8 +65,9 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
     batch size or scores width changes between calls, the prompt part of ``input_ids`` changes
     (a new ``generate`` on other prompts: call :meth:`reset` first), a guide does not compile,
     a row's new token is one its guide rejects (another processor or a forced token changed the
-    choice after this one; the message names the row and the token), or a row reaches a grammar
-    state that allows no token (dead end). A row is never left all -inf.
+    choice after this one; the message names the row and the token), a row reaches a grammar
+    state that allows no token (dead end), or a backend call fails. ``generate`` has no
+    per-row failure, so any of these stops the whole call. A row is never left all -inf.
     """
 
     def __init__(
@@ -112,6 +114,9 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
         except ValueError:
             self.reset()
             raise
+        except REQUEST_ERRORS as exc:  # a backend call failed while a row was brought in line
+            self.reset()
+            raise ValueError(f"guided decoding failed: {exc}") from exc
 
     def _process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         _check_shapes(input_ids, scores)
@@ -222,7 +227,7 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
         assert self._decoder is not None
         matcher = self._decoder.grammar_matchers[row]
         if matcher is None:
-            matcher = self._decoder.factory.create(params)
+            matcher = self._decoder.new_matcher(params)
             self._decoder.grammar_matchers[row] = matcher
             self._fed[row].clear()
         return matcher

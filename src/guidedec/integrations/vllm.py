@@ -35,9 +35,15 @@ comes back as added, with the tokens it has: its new matcher is fed all of them.
 **Bad guides.** :meth:`GuidedLogitsProcessor.validate_params`, which vLLM runs on every request
 before it queues it, compiles the guide (with guidedec's bundled tokenizer: a guide's syntax
 does not depend on the model's) and raises ``ValueError`` naming the problem, which vLLM's
-server answers with HTTP 400. A guide that still fails later (for the model's own tokenizer), or
-a token the matcher refuses, leaves that request only its stop tokens: it ends at once, and the
-failure is logged.
+server answers with HTTP 400. Whatever fails later for one request (its guide for the model's
+own tokenizer, a token its matcher refuses, any backend call while its tokens are fed, its row
+filled or closed, a filled row that allows no token: a dead end) leaves that request only its
+stop tokens: it ends at its next token, the failure is logged with its batch index, and vLLM
+serves the rest of the batch. Nothing a request's guide does reaches vLLM's engine.
+
+**Row rules.** Each matcher carries its request's row rules (:mod:`guidedec.decoder.row_rules`),
+as in guidedec's engine: the root-type repair of xgrammar's JSON schemas, and with closing the
+bound on digit runs.
 
 **Budget-aware closing** (:mod:`guidedec.decoder.closing`) is a per-request option here,
 ``"close_within_budget": true`` beside the guide, off by default (vLLM cuts outputs at
@@ -64,9 +70,17 @@ import torch
 import transformers
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from guidedec.bitmask import MaskBuffer, allocate_bitmask, apply_bitmask, token_word
+from guidedec.bitmask import (
+    HostRowChecker,
+    MaskBuffer,
+    allocate_bitmask,
+    apply_bitmask,
+    token_word,
+)
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.decoder.request import GuidedRequest
+from guidedec.decoder.row_rules import RowRules
+from guidedec.decoder.rows import DEAD_END, RequestError
 from guidedec.errors import REQUEST_ERRORS, GuidedecError
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
@@ -148,6 +162,7 @@ class _Row:
     output: list[int]  # vLLM's own list of the request's output tokens, which it appends to
     matcher: GrammarMatcher | None  # None: its guide failed; only stop tokens are left
     fed: int = 0  # of ``output``, the tokens the matcher has accepted
+    closing: bool = False  # it asked for budget-aware closing
     closing_slot: int | None = None  # its slot in the processor's BudgetCloser, when it closes
     budget: int | None = None  # tokens it may emit in all: max_tokens, or what the context holds
 
@@ -192,11 +207,14 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         # The backends' views of the tokenizer now, at engine start: not inside a step, where a
         # first Lark guide would build llguidance's with the GIL held.
         self.factory.warm_up()
+        self.rules = RowRules(self.tokenizer)
+        self.rules.warm_up()
         # The batch's rows in one call of the backend's own threads where that measures faster.
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
         self.rows: dict[int, _Row] = {}
         self.bitmask = allocate_bitmask(vllm_config.scheduler_config.max_num_seqs, self.vocab_size)
-        self._stops_only = allocate_bitmask(1, self.vocab_size)
+        self._row_is_valid = HostRowChecker(self.bitmask, self.vocab_size)
+        self._stops_only = allocate_bitmask(1, self.vocab_size).zero_()  # allocated all allowed
         for token in self.tokenizer.stop_token_ids:
             self._stops_only[0, token >> 5] |= token_word(token)
         processed = str(getattr(model, "logprobs_mode", "")).startswith("processed")
@@ -237,9 +255,38 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         token_mask[rows] = 1
         bitmask = self.bitmask[: logits.shape[0]]
         if self.mask_buffer is not None and logits.device.type == "cpu":
-            return self.mask_buffer.apply(logits, bitmask, token_mask)
+            masked = self.mask_buffer.apply(logits, bitmask, token_mask)
+        else:
+            masked = self._mask_in_place(logits, bitmask, token_mask)
+        empty = [row for row in rows if _no_token_left(masked[row])]
+        if not empty:
+            return masked
+        if masked is not logits:  # the buffer is not to be written: mask in place instead
+            masked = self._mask_in_place(logits, bitmask, token_mask)
+        self._end_empty_rows(masked, empty)
+        return masked
+
+    @staticmethod
+    def _mask_in_place(
+        logits: torch.Tensor, bitmask: torch.Tensor, token_mask: torch.Tensor
+    ) -> torch.Tensor:
         apply_bitmask(logits, bitmask.to(logits.device), token_mask=token_mask.to(logits.device))
         return logits
+
+    def _end_empty_rows(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Rows where the guide allows no token that vLLM's own processors left (its
+        ``min_tokens`` masks the stop tokens a finished guide allows; ``allowed_token_ids`` or
+        ``bad_words`` the tokens a guide needs) would be rows of -inf: the request ends at
+        its stop tokens instead, and the conflict is logged."""
+        stops = list(self.tokenizer.stop_token_ids)
+        for row in rows:
+            logger.warning(
+                "guidedec: the request at batch index %d has no token left that both its guide "
+                "and vLLM's own sampling settings allow (min_tokens, allowed_token_ids or "
+                "bad_words); it ends at a stop token",
+                row,
+            )
+            logits[row, stops] = 0.0
 
     # --- the batch ---------------------------------------------------------------------------
 
@@ -253,7 +300,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             guide, closing = request_options(params)
             if guide is None:
                 continue
-            row = _Row(guide, output, self._matcher(guide))
+            row = _Row(guide, output, self._matcher(guide, closing), closing=closing)
             if closing and self._free_slots:
                 row.closing_slot = self._free_slots.pop()
                 row.budget = self._budget(params, len(prompt or ()))
@@ -283,45 +330,64 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             self._free_slots.append(row.closing_slot)
             row.closing_slot = None
 
-    def _matcher(self, guide: GuidedDecodingParams) -> GrammarMatcher | None:
+    def _matcher(self, guide: GuidedDecodingParams, closing: bool) -> GrammarMatcher | None:
         try:
-            return self.factory.create(guide)
-        except (GuidedecError, ValueError) as exc:
+            return self.rules.wrap(self.factory.create(guide), guide, closing=closing)
+        except REQUEST_ERRORS as exc:
             logger.error("guidedec: a guide failed to compile; its request ends now: %s", exc)
             return None
 
     def _fill(self) -> list[int]:
         """Feed each row's new tokens to its matcher and fill the mask rows, all in one batch
-        fill; the rows filled."""
+        fill, each checked for a dead end; the rows filled. A request whose backend call fails
+        (or whose row is a dead end) ends (:meth:`_end`), alone."""
         matchers: list[GrammarMatcher] = []
         indices: list[int] = []
         closing: list[tuple[int, GuidedRequest]] = []
         for index, row in self.rows.items():
-            matcher, new = row.matcher, row.output[row.fed :]
-            if matcher is not None:
-                for token in new:
-                    if matcher.is_terminated():
-                        break
-                    if not matcher.accept_token(token):
-                        logger.error("guidedec: token %d broke its guide; the request ends", token)
-                        row.matcher = matcher = None
-                        break
-                row.fed = len(row.output)
-            if matcher is None or matcher.is_terminated():
+            new = row.output[row.fed :]
+            try:
+                live = self._feed(row, new)
+            except REQUEST_ERRORS as exc:
+                self._end(index, row, f"feeding its tokens failed: {exc}")
+                continue
+            if not live:
                 self.bitmask[index] = self._stops_only[0]
                 continue
-            matchers.append(matcher)
+            assert row.matcher is not None
+            matchers.append(row.matcher)
             indices.append(index)
             if row.closing_slot is not None and row.budget is not None:
                 closing.append((index, self._closing_request(row, new)))
         errors = self._filler.fill(matchers, self.bitmask, indices)
         for index, error in zip(indices, errors, strict=True):
-            if error is not None:  # this request ends; the others go on
-                logger.error("guidedec: a mask fill failed; the request ends: %s", error)
-                self.rows[index].matcher = None
-                self.bitmask[index] = self._stops_only[0]
+            if error is not None:
+                self._end(index, self.rows[index], f"its mask fill failed: {error}")
+            elif not self._row_is_valid(index):
+                self._end(index, self.rows[index], DEAD_END)
         self._close(closing)
         return list(self.rows)
+
+    def _feed(self, row: _Row, new: list[int]) -> bool:
+        """Feed the row's new tokens to its matcher; whether its row is to be filled (False:
+        it has no matcher or is terminated). Raises one of ``REQUEST_ERRORS`` (a token its
+        guide refuses, a failed backend call)."""
+        matcher = row.matcher
+        if matcher is None:
+            return False
+        for token in new:
+            if matcher.is_terminated():
+                break
+            if not matcher.accept_token(token):
+                raise RequestError(f"token {token} is rejected by its guide")
+        row.fed = len(row.output)
+        return not matcher.is_terminated()
+
+    def _end(self, index: int, row: _Row, why: str) -> None:
+        """End the request at ``index``: only its stop tokens from now on, its failure logged."""
+        logger.error("guidedec: the request at batch index %d ends: %s", index, why)
+        row.matcher = None
+        self.bitmask[index] = self._stops_only[0]
 
     def _closing_request(self, row: _Row, new: list[int]) -> GuidedRequest:
         """What the closer reads of a closing row this step; a row whose matcher took more than
@@ -341,13 +407,21 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         )
 
     def _close(self, closing: list[tuple[int, GuidedRequest]]) -> None:
-        """Budget-aware closing of the filled rows that ask for it (see the module docs)."""
+        """Budget-aware closing of the filled rows that ask for it (see the module docs); a
+        backend call that fails in it ends the request."""
         words = self.bitmask.numpy()
         for index, req in closing:
-            matcher = self.rows[index].matcher
-            if matcher is None or self._closer is None:
+            row = self.rows[index]
+            if row.matcher is None or self._closer is None:
                 continue
             try:
-                self._closer.close(req, matcher, words[index])
-            except REQUEST_ERRORS:  # the search only reads: a failing backend call ends it
+                if not row.matcher.is_terminated():
+                    self._closer.close(req, row.matcher, words[index])
+            except REQUEST_ERRORS as exc:
                 self._closer.forget(req.seq_slot)
+                self._end(index, row, f"budget-aware closing failed: {exc}")
+
+
+def _no_token_left(row: torch.Tensor) -> bool:
+    """Whether a masked logits row allows no token (every entry -inf)."""
+    return bool(torch.isneginf(row.amax()))

@@ -85,20 +85,26 @@ def reference(model_dir: Path) -> dict[str, list[tuple[list[int], str]]]:
     return outputs
 
 
+def _vllm(model_dir: Path, processor: type[GuidedLogitsProcessor], **options: Any) -> Any:
+    """vLLM on the exported model with ``processor``: float32, eager, 4 sequences, a 1 GiB KV
+    cache, seed 0 (``options`` override or add to them)."""
+    settings: dict[str, Any] = {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "max_num_seqs": 4,
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": 1 << 30,  # the default takes most of the machine's memory
+        "seed": 0,
+        **options,
+    }
+    return vllm.LLM(str(model_dir), logits_processors=[processor], **settings)
+
+
 @pytest.fixture(scope="module")
 def engine(model_dir: Path, reference: dict[str, Any]) -> Iterator[Any]:
-    llm = vllm.LLM(
-        str(model_dir),
-        dtype="float32",
-        max_model_len=512,
-        max_num_seqs=4,
-        enforce_eager=True,
-        kv_cache_memory_bytes=1 << 30,  # the default takes most of the machine's memory
-        seed=0,
-        logits_processors=[GuidedLogitsProcessor],
-        # The batch fill's parallel path wherever a step has 4 rows of one backend.
-        additional_config={"guidedec": {"fill_mode": "parallel", "fill_threads": 2}},
-    )
+    # The batch fill's parallel path wherever a step has 4 rows of one backend.
+    options = {"fill_mode": "parallel", "fill_threads": 2}
+    llm = _vllm(model_dir, GuidedLogitsProcessor, additional_config={"guidedec": options})
     yield llm
     del llm
 
@@ -393,16 +399,13 @@ def test_preempted_requests_come_back_with_their_tokens(
     guide's class, which a matcher fed too few or too many tokens would break."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the processor in this process
     _RecordingProcessor.added.clear()
-    llm = vllm.LLM(
-        str(model_dir),
-        dtype="float32",
+    llm = _vllm(
+        model_dir,
+        _RecordingProcessor,
         max_model_len=256,
         max_num_seqs=8,
-        enforce_eager=True,
         kv_cache_memory_bytes=700_000,
         block_size=32,
-        seed=0,
-        logits_processors=[_RecordingProcessor],
     )
     try:
         guide = {"regex": "[a-z ]{200}"}
@@ -443,16 +446,8 @@ def faulty_engine(model_dir: Path) -> Iterator[Any]:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Every run makes the same calls: the closing search's time limit is lifted.
         patch.setattr(guidedec.decoder.completion, "SLOW_SEARCH_S", math.inf)
-        llm = vllm.LLM(
-            str(model_dir),
-            dtype="float32",
-            max_model_len=512,
-            max_num_seqs=4,
-            enforce_eager=True,
-            kv_cache_memory_bytes=1 << 30,
-            seed=0,
-            logits_processors=[_FaultyProcessor],
-            additional_config={"guidedec": {"backend": "llguidance"}},
+        llm = _vllm(
+            model_dir, _FaultyProcessor, additional_config={"guidedec": {"backend": "llguidance"}}
         )
         yield llm
         del llm

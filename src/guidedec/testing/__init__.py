@@ -5,7 +5,8 @@
 - :mod:`~guidedec.testing.matchers`: feeding tokens to matchers and reading their masks;
 - :mod:`~guidedec.testing.generate`: random-logits guided generation (soundness checks);
 - :mod:`~guidedec.testing.speculative`: a scripted target model, drafters and a greedy runner
-  that prove speculative decoding exact.
+  that prove speculative decoding exact;
+- :mod:`~guidedec.testing.faults`: fault injection, a backend failure at any matcher call site.
 """
 
 from guidedec.testing.decoders import make_decoder

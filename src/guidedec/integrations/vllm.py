@@ -163,7 +163,6 @@ class _Row:
     output: list[int]  # vLLM's own list of the request's output tokens, which it appends to
     matcher: GrammarMatcher | None  # None: its guide failed; only stop tokens are left
     fed: int = 0  # of ``output``, the tokens the matcher has accepted
-    closing: bool = False  # it asked for budget-aware closing
     closing_slot: int | None = None  # its slot in the processor's BudgetCloser, when it closes
     budget: int | None = None  # tokens it may emit in all: max_tokens, or what the context holds
 
@@ -302,7 +301,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             guide, closing = request_options(params)
             if guide is None:
                 continue
-            row = _Row(guide, output, self._matcher(guide, closing), closing=closing)
+            row = _Row(guide, output, self._matcher(guide, closing))
             if closing and self._free_slots:
                 row.closing_slot = self._free_slots.pop()
                 row.budget = self._budget(params, len(prompt or ()))

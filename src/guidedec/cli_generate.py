@@ -20,6 +20,7 @@ import jsonschema
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from guidedec import LLM, GuidedDecodingParams, RequestOutput, SamplingParams
+from guidedec.engine.chat import render_chat
 
 PROGRESS_MIN_PROMPTS = 5  # a progress bar for this many prompts, or whenever stderr is a TTY
 
@@ -160,6 +161,14 @@ def sampling_params(args: argparse.Namespace, guide: Guide) -> list[SamplingPara
     ]
 
 
+def chat_prompts(llm: LLM, args: argparse.Namespace) -> list[str]:
+    """Each prompt as a user message (after ``--system``), through the model's chat template
+    (:func:`guidedec.engine.chat.render_chat`, as ``LLM.chat`` and the server render)."""
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    hf = llm.tokenizer.hf_tokenizer
+    return [render_chat([*system, {"role": "user", "content": p}], hf) for p in args.prompts]
+
+
 def run(llm: LLM, prompts: list[str], params: list[SamplingParams], progress: bool) -> RunResult:
     """Queue every prompt, step until all finish; outputs in prompt order."""
     start = time.perf_counter()
@@ -215,8 +224,15 @@ def print_plain(outputs: list[RequestOutput], schema: dict[str, Any] | None) -> 
             print(f"    error: {out.error}")
         elif out.incomplete is not None:
             print(f"    incomplete: {out.incomplete}")
-        elif schema is not None:
-            print(f"    schema: {schema_status(out.text, schema, out.finish_reason == 'stop')}")
+        else:
+            if out.closed_from is not None:
+                forced = out.text[out.closed_from :]
+                print(
+                    f"    closed: the budget wrote the rest from character {out.closed_from}:"
+                    f" {forced!r}"
+                )
+            if schema is not None:
+                print(f"    schema: {schema_status(out.text, schema, out.complete)}")
 
 
 def print_jsonl(outputs: list[RequestOutput]) -> None:
@@ -229,6 +245,7 @@ def print_jsonl(outputs: list[RequestOutput]) -> None:
             "finish_reason": out.finish_reason,
             "error": out.error,
             "incomplete": out.incomplete,
+            "closed_from": out.closed_from,
             "timings": timings(out),
         }
         print(json.dumps(record, ensure_ascii=False))
@@ -325,7 +342,8 @@ def generate(args: argparse.Namespace) -> int:
     guide = load_guide(args)
     params = sampling_params(args, guide)
     llm = build_llm(args)
-    result = run(llm, args.prompts, params, show_progress(len(args.prompts)))
+    prompts = chat_prompts(llm, args) if getattr(args, "chat", False) else args.prompts
+    result = run(llm, prompts, params, show_progress(len(args.prompts)))
     if args.jsonl:
         print_jsonl(result.outputs)
     else:

@@ -72,10 +72,13 @@ def test_regex_jsonl_records(capsys: pytest.CaptureFixture[str]) -> None:
             "finish_reason",
             "error",
             "incomplete",
+            "closed_from",
             "timings",
         }
         assert r["incomplete"] is None
-        assert r["finish_reason"] == "stop" and r["error"] is None
+        # By itself, or closed within its 16 tokens (length, with where the budget took over).
+        complete = r["finish_reason"] == "stop" or isinstance(r["closed_from"], int)
+        assert complete and r["error"] is None, r
         assert re.fullmatch(pattern, r["text"], re.ASCII)
         assert r["token_ids"] and all(isinstance(t, int) for t in r["token_ids"])
         timings = r["timings"]
@@ -94,9 +97,16 @@ def test_closing_within_max_tokens_or_an_incomplete_note(
     argv += ["--max-tokens", "12", "--jsonl"] + ([] if close else ["--no-close-within-budget"])
     status, out, err = run_cli(capsys, *argv, "Note:", "Another:")
     assert status == 0, err
-    for record in map(json.loads, out.splitlines()):
+    records = [json.loads(line) for line in out.splitlines()]
+    if close:  # 12 tokens: closing ends the random model's string, and says where it took over
+        assert any(r["finish_reason"] == "length" for r in records), records
+    for record in records:
         if close:
-            assert record["finish_reason"] == "stop" and record["incomplete"] is None
+            assert record["incomplete"] is None
+            if record["finish_reason"] == "length":
+                assert 0 < record["closed_from"] < len(record["text"])
+            else:
+                assert record["finish_reason"] == "stop" and record["closed_from"] is None
             assert isinstance(json.loads(record["text"])["note"], str)
         else:
             assert record["finish_reason"] == "length", record  # a random model's string

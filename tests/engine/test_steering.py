@@ -137,9 +137,9 @@ def test_steering_keeps_outputs_valid_and_changes_no_valid_one() -> None:
     steered, unsteered = _run(True), _run(False)
     assert any(out.finish_reason == "grammar_error" for out in unsteered)
     for with_, without in zip(steered, unsteered, strict=True):
-        assert with_.finish_reason == "stop", with_.error
+        assert with_.complete, with_.error  # by itself, or closed within its budget
         jsonschema.validate(json.loads(with_.text), WORD_SCHEMA)
-        if without.finish_reason == "stop":
+        if without.complete:
             assert with_.token_ids == without.token_ids
 
 

@@ -68,7 +68,7 @@ def reference(model_dir: Path) -> dict[str, list[tuple[list[int], str]]]:
     ours = guidedec.LLM(
         str(model_dir),
         max_num_seqs=4,
-        json_whitespace="compact",
+        json_whitespace="compact",  # as the engine fixture asks of the plugin
         auto_prefers="xgrammar",  # the plugin's default
         isolate_compiles=False,
     )
@@ -102,8 +102,9 @@ def _vllm(model_dir: Path, processor: type[GuidedLogitsProcessor], **options: An
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path, reference: dict[str, Any]) -> Iterator[Any]:
-    # The batch fill's parallel path wherever a step has 4 rows of one backend.
-    options = {"fill_mode": "parallel", "fill_threads": 2}
+    # The batch fill's parallel path wherever a step has 4 rows of one backend; compact JSON, as
+    # the reference (tiny-random's greedy picks would fill flexible whitespace runs).
+    options = {"fill_mode": "parallel", "fill_threads": 2, "json_whitespace": "compact"}
     llm = _vllm(model_dir, GuidedLogitsProcessor, additional_config={"guidedec": options})
     yield llm
     del llm
@@ -257,6 +258,7 @@ def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
         GuidedLogitsProcessor(_vllm_config(model_dir, {"auto_prefers": "auto"}), "cpu", False)
     default = GuidedLogitsProcessor(_vllm_config(model_dir, {}), "cpu", False)
     assert default.factory.config.auto_prefers == "xgrammar"
+    assert default.factory.config.json_whitespace == "flexible"  # measured best on a real model
     engines = GuidedLogitsProcessor(
         _vllm_config(model_dir, {"auto_prefers": "llguidance"}), "cpu", False
     )

@@ -19,6 +19,7 @@ NAMES = (
     "robustness",
     "jump-forward",
     "vllm",
+    "quality",
 )
 
 

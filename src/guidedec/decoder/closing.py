@@ -100,6 +100,7 @@ class _SlotState:
     incomplete: bool = False
     moved: bool = False  # the matcher moved by more than the row's token since the witness
     guide: GuidedDecodingParams | None = None  # the params ``window`` was read from
+    forced_left: int | None = None  # tokens_left at the last row forced to the witness
 
 
 @dataclass
@@ -203,6 +204,7 @@ class BudgetCloser:
             token = witness[0]
             words[:] = 0
             words[token >> 5] = token_word(token)
+            state.forced_left = left
             self.stats.forced_rows += 1
         # else the model is free; a different token than witness[0] means a new search
 
@@ -228,7 +230,7 @@ class BudgetCloser:
             return None
         if req.guided_decoding_params is not state.guide:
             self._meet(req.guided_decoding_params, state)
-        state.after, state.witness = None, rest
+        state.after, state.witness, state.forced_left = None, rest, left
         self.stats.forced_rows += 1
         return rest[0]
 
@@ -323,10 +325,20 @@ class BudgetCloser:
         state.after = (token, found)
         return True
 
-    def fallback(self, slot: int) -> int | None:
-        """The witness's next token for the slot's current state, if one is known."""
+    def fallback(self, slot: int, tokens_left: int) -> int | None:
+        """The witness's next token for the slot's current state (its row, with ``tokens_left``
+        at it, counts as forced: see :meth:`forced_at`), if one is known."""
         state = self._slots[slot]
-        return state.witness[0] if state.witness and not state.moved else None
+        if not state.witness or state.moved:
+            return None
+        state.forced_left = tokens_left
+        return state.witness[0]
+
+    def forced_at(self, slot: int) -> int | None:
+        """``tokens_left`` at the slot's last row that closing forced to its witness's next
+        token (the budget, not the model, chose that token), or None. A request's output is
+        forced from the first such row on: closing then follows the witness to its end."""
+        return self._slots[slot].forced_left
 
     def _respelled(
         self, matcher: GrammarMatcher, witness: list[int] | None, token: int, limit: int

@@ -450,16 +450,18 @@ class EngineCore:
         closing, steering = req.params.close_within_budget, req.steered
         if not closing and not steering:
             return token
+        left = req.tokens_left(self.max_model_len)
+        closer = self.decoder.closer
         try:
             token, broken = check_sampled(
                 token,
                 params=guide,
                 slot=slot,
                 matcher=matcher,
-                closer=self.decoder.closer,
+                closer=closer,
                 steering=self.steering if steering else None,
                 closing=closing,
-                tokens_left=req.tokens_left(self.max_model_len),
+                tokens_left=left,
                 output_ids=req.output_token_ids,
                 tokenizer=self.tokenizer,
                 redraw=lambda banned: self._redraw(req, row, logits, sparse, banned),
@@ -470,6 +472,8 @@ class EngineCore:
             return None
         if broken is not None:  # no draw keeps the output valid
             req.broken = broken
+        if closing and req.forced_from is None and closer.forced_at(slot) == left:
+            req.forced_from = len(req.output_token_ids)  # the budget chose this token
         return token
 
     def _redraw(
@@ -519,8 +523,10 @@ class EngineCore:
         self._append(req, [*drafts[:accepted], token])
 
     def _finish_complete(self, req: Request) -> None:
-        """Finish at a stop token: ``stop``, unless the output breaks its JSON schema (a
-        schema its backend only approximates), which ends ``grammar_error`` naming where."""
+        """Finish at a stop token: ``stop``, or ``length`` when budget-aware closing forced
+        its end (the output is complete; ``closed_from`` says where the forcing began),
+        unless the output breaks its JSON schema (a schema its backend only approximates),
+        which ends ``grammar_error`` naming where."""
         guide = req.params.guided_decoding
         if guide is not None:
             text = self.tokenizer.decode(content_ids(self.reasoning, req))
@@ -529,6 +535,10 @@ class EngineCore:
                 self.stats.invalid_outputs += 1
                 req.finish("grammar_error", f"request {req.request_id}: {problem}")
                 return
+        if req.forced_from is not None:
+            req.closed = True
+            req.finish("length")
+            return
         req.finish("stop")
 
     def _append(self, req: Request, tokens: Sequence[int]) -> None:
@@ -607,7 +617,8 @@ class EngineCore:
         return request.request_id
 
     def _release(self, request: Request) -> None:
-        if request.finish_reason == "length" and request.params.guided_decoding is not None:
+        guided = request.params.guided_decoding is not None
+        if request.finish_reason == "length" and guided and not request.closed:
             request.incomplete = self._incomplete_note(request)
         slot = self.scheduler.remove(request)
         if slot is not None:
@@ -633,12 +644,18 @@ class EngineCore:
     def _finalize(self, request: Request) -> RequestOutput:
         self._requests.pop(request.request_id, None)
         if self.reasoning is None:
-            return request.output(self.tokenizer.decode(request.output_token_ids))
-        thinking, content = self.reasoning.split(
-            request.output_token_ids, request.reasoning_end, request.thought
-        )
-        reasoning = None if thinking is None else self.tokenizer.decode(thinking)
-        return request.output(self.tokenizer.decode(content), reasoning)
+            content, reasoning = request.output_token_ids, None
+        else:
+            thinking, content = self.reasoning.split(
+                request.output_token_ids, request.reasoning_end, request.thought
+            )
+            reasoning = None if thinking is None else self.tokenizer.decode(thinking)
+        closed_from = None
+        if request.closed and request.forced_from is not None:
+            # The forced tokens are the content's last ones (closing acts after thinking).
+            unforced = len(content) - (len(request.output_token_ids) - request.forced_from)
+            closed_from = len(self.tokenizer.decode(content[: max(unforced, 0)]))
+        return request.output(self.tokenizer.decode(content), reasoning, closed_from)
 
     def _hand_off(self, req: Request) -> None:
         assert req.slot is not None

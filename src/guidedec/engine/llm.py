@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
+from guidedec.engine.chat import Conversation, as_conversations, render_chat
 from guidedec.engine.core import EngineCore, Speculator
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.model import LoadedModel, load_model
@@ -193,6 +195,38 @@ class LLM(EngineCore):
         """Generate one output per prompt (a string or a list of token ids), in prompt order."""
         pairs = tokenize_prompts(prompts, sampling_params, self.tokenizer, self.max_model_len)
         return self._run([self._admit(self._new_request(p, s)) for p, s in pairs])
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to each conversation, in order, as vLLM's
+        ``LLM.chat``: ``messages`` is one conversation (a list of ``{"role", "content"}``
+        messages) or a list of them, each rendered through the model's chat template (or
+        ``chat_template``, with ``chat_template_kwargs`` and ``tools`` passed to it; see
+        :func:`guidedec.engine.chat.render_chat`), then generated as :meth:`generate` does.
+
+        Raises:
+            ValueError: a malformed message, or as :meth:`generate`.
+        """
+        prompts = [
+            render_chat(
+                conversation,
+                self.tokenizer.hf_tokenizer,
+                chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+            )
+            for conversation in as_conversations(messages)
+        ]
+        return self.generate(prompts, sampling_params)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its id. ``step`` advances it."""

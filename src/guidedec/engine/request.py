@@ -46,12 +46,17 @@ class RequestOutput:
         text: The generated text (the stop token excluded).
         token_ids: The generated tokens (the stop token excluded).
         finish_reason: ``"stop"`` (a stop token, with the grammar complete where there is one),
-            ``"length"`` (``max_tokens`` or the model's context), ``"grammar_error"`` (the guide
+            ``"length"`` (``max_tokens`` or the model's context; or budget-aware closing ended a
+            guided output complete: see ``closed_from``), ``"grammar_error"`` (the guide
             does not compile, its compilation timed out, or decoding reached a dead end) or
             ``"abort"``.
         error: What went wrong, for ``grammar_error``; None otherwise.
         incomplete: For a guided output that ended ``length`` before its guide was complete,
             why: no completion fitted the tokens left, or closing was off. None otherwise.
+        closed_from: For a guided output that budget-aware closing ended (``finish_reason``
+            ``"length"``, the output complete and valid): the character of ``text`` from which
+            the budget, not the model, chose the tokens (closing followed the shortest way to
+            the guide's end it found). None otherwise.
         metrics: Timings.
         logprobs: With ``SamplingParams.logprobs``, one entry per token of ``token_ids``.
         reasoning: With a reasoning parser, the thinking's text (``text`` is the content after
@@ -69,6 +74,13 @@ class RequestOutput:
     incomplete: str | None = None
     logprobs: list[TokenLogprob] | None = None
     reasoning: str | None = None
+    closed_from: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the output ended at a stop token (its guide complete, where it has one): by
+        itself (``stop``), or closed by the budget (``length`` with ``closed_from``)."""
+        return self.finish_reason == "stop" or self.closed_from is not None
 
 
 @dataclass(slots=True, eq=False)
@@ -106,6 +118,8 @@ class Request:
     guide_starts: bool = False  # thinking just ended: the next step creates its matcher
     steered: bool | None = None  # its tokens are checked against its schema (None: not known yet)
     broken: str | None = None  # a settled value breaks its schema (see guidedec.engine.steering)
+    forced_from: int | None = None  # the first output token that budget-aware closing forced
+    closed: bool = False  # complete, its end forced by closing: finish "length"
     sit_out: int = 0  # steps to leave it out of, its masks being slow (see Scheduler)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
@@ -132,7 +146,9 @@ class Request:
         self.status, self.finish_reason, self.error = Status.FINISHED, reason, error
         self.metrics.finished = time.perf_counter()
 
-    def output(self, text: str, reasoning: str | None = None) -> RequestOutput:
+    def output(
+        self, text: str, reasoning: str | None = None, closed_from: int | None = None
+    ) -> RequestOutput:
         assert self.finish_reason is not None
         return RequestOutput(
             request_id=self.request_id,
@@ -146,4 +162,5 @@ class Request:
             incomplete=self.incomplete,
             logprobs=None if self.logprobs is None else list(self.logprobs),
             reasoning=reasoning,
+            closed_from=closed_from,
         )

@@ -210,5 +210,5 @@ def check_sampled(
         assert steering is not None
         steering.stats.given_up += 1
         return token, refused
-    fallback = closer.fallback(slot)
+    fallback = closer.fallback(slot, tokens_left)
     return (token if fallback is None else fallback), None

@@ -13,7 +13,7 @@ with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"gu
 :class:`~guidedec.GuidedDecodingParams` (``json_schema``, ``regex``, ``ebnf``, ``lark``,
 ``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
 strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
-"auto", "auto_prefers": "xgrammar", "json_whitespace": "compact", "fill_mode": "auto",
+"auto", "auto_prefers": "xgrammar", "json_whitespace": "flexible", "fill_mode": "auto",
 "fill_threads": None, "out_of_place": True}}`` (``--additional-config`` on ``vllm serve``; those
 are the defaults, and an unknown option is an error). ``auto_prefers: "llguidance"`` gives JSON
 guides the backend guidedec's own engine tries first (it jumps forward; vLLM does not).
@@ -199,7 +199,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             backend=options.get("backend", "auto"),
             auto_prefers=options.get("auto_prefers", "xgrammar"),
             tokenizer=self.tokenizer,
-            json_whitespace=options.get("json_whitespace", "compact"),
+            json_whitespace=options.get("json_whitespace", "flexible"),
             fill_mode=options.get("fill_mode", "auto"),
             fill_threads=options.get("fill_threads"),
         )

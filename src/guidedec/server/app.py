@@ -26,13 +26,13 @@ from starlette.exceptions import HTTPException
 
 import guidedec
 from guidedec.engine import LLM, RequestOutput, SamplingParams
+from guidedec.engine.chat import render_chat
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize
 from guidedec.errors import GuidedecError
 from guidedec.grammar.isolation import lower_priority
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.server.async_engine import AsyncEngine
 from guidedec.server.auth import ApiKeyAuth
-from guidedec.server.chat import render_chat
 from guidedec.server.choices import (
     Choice,
     ClientGoneError,
@@ -573,14 +573,16 @@ def _chat_choice(index: int, delta: dict[str, Any], reason: str | None) -> dict[
 
 
 def _chat_message(output: RequestOutput, tools: Any) -> tuple[dict[str, Any], str]:
-    """The assistant message, with ``tool_calls`` when the request constrained it to tools."""
-    if tools and output.finish_reason == "stop":
+    """The assistant message, with ``tool_calls`` when the request constrained it to tools
+    (a call that closing ended keeps ``finish_reason`` ``length``)."""
+    if tools and output.complete:
         try:
             calls = parse_tool_calls(output.text, tools=tools[0], tool_choice=tools[1])
         except ValueError:
             calls = None
         if calls:
-            return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+            reason = "tool_calls" if output.finish_reason == "stop" else output.finish_reason
+            return {"role": "assistant", "content": None, "tool_calls": calls}, reason
     return {"role": "assistant", "content": output.text}, output.finish_reason
 
 

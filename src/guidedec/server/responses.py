@@ -46,10 +46,14 @@ class Shape:
 
 def guidedec_fields(output: RequestOutput) -> dict[str, Any]:
     """The choice's guidedec fields: ``error`` (a ``grammar_error``), ``incomplete`` (a guided
-    output cut at its budget or by a stop string: why)."""
+    output cut at its budget or by a stop string: why), ``closed_from`` (a guided output that
+    budget-aware closing ended, complete, with ``finish_reason`` ``length``: the character of
+    its text from which the budget chose the tokens)."""
     extra: dict[str, Any] = {} if output.error is None else {"error": output.error}
     if output.incomplete is not None:
         extra["incomplete"] = output.incomplete
+    if output.closed_from is not None:
+        extra["closed_from"] = output.closed_from
     return extra
 
 

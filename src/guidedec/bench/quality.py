@@ -3,7 +3,9 @@
 Each of the sixty sentences of :mod:`guidedec.bench.extraction_set` goes to the model as a chat
 message (its chat template applied, greedy) asking for the person's name, age, city and
 occupation as JSON: unguided (the first JSON object of the reply is read), and guided by the
-record's JSON schema in each JSON whitespace mode and on each backend asked for. A field is
+record's JSON schema in each JSON whitespace mode and on each backend asked for, and once more
+(``reversed``: flexible whitespace) by a schema that lists the keys in the opposite order to
+the instruction's, since both backends hold the output to the schema's key order. A field is
 right when it equals the sentence's fact, ignoring case, accents, articles and surrounding
 punctuation (a city may carry its country after a comma; an age may be a numeric string
 unguided).
@@ -28,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from guidedec.bench.environment import environment
-from guidedec.bench.extraction_set import EXTRACTION, FIELDS, SCHEMA, Person, instruction
+from guidedec.bench.extraction_set import (
+    EXTRACTION,
+    FIELDS,
+    Person,
+    instruction,
+    record_schema,
+)
 from guidedec.bench.plots import write_report, write_summary
 from guidedec.bench.text import plain
 from guidedec.engine.gguf import SMOLLM2
@@ -36,8 +44,8 @@ from guidedec.engine.llm import LLM
 from guidedec.engine.sampling import SamplingParams
 from guidedec.grammar.params import GuidedDecodingParams
 
-MODES = ("unguided", "flexible", "compact")
-"""Unguided, and guided in each JSON whitespace mode."""
+MODES = ("unguided", "flexible", "compact", "reversed")
+"""Unguided; guided in each JSON whitespace mode; guided (flexible) with the keys reversed."""
 _ARTICLES = re.compile(r"^(a|an|the)\s+")
 
 
@@ -114,12 +122,15 @@ def wilson(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
     p = successes / total
     centre = (p + z * z / (2 * total)) / (1 + z * z / total)
     half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # The interval holds p; rounding would lose that at p = 0 or 1, where one end is p itself.
+    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
 
 
-def run_mode(llm: LLM, guided: bool, max_tokens: int) -> tuple[Tally, list[dict[str, Any]]]:
-    """Every sentence through ``llm`` (guided by the record's schema or not)."""
-    guide = GuidedDecodingParams(json_schema=SCHEMA) if guided else None
+def run_mode(llm: LLM, mode: str, max_tokens: int) -> tuple[Tally, list[dict[str, Any]]]:
+    """Every sentence through ``llm``, unguided or guided by the record's schema as ``mode``
+    says."""
+    keys = FIELDS[::-1] if mode == "reversed" else FIELDS
+    guide = None if mode == "unguided" else GuidedDecodingParams(json_schema=record_schema(keys))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, guided_decoding=guide)
     conversations = [[{"role": "user", "content": instruction(s)}] for s, _ in EXTRACTION]
     start = time.perf_counter()
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
                 isolate_compiles=False,
             )
             name = mode if mode == "unguided" or len(args.backends) == 1 else f"{mode}, {backend}"
-            tallies[name], details[name] = run_mode(llm, mode != "unguided", args.max_tokens)
+            tallies[name], details[name] = run_mode(llm, mode, args.max_tokens)
             llm.close()
             print(f"{name}: {tallies[name].right} fields right", file=sys.stderr, flush=True)
     text = summary(tallies, args.model, args.max_tokens)

@@ -17,7 +17,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.errors import GrammarError
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.isolation import CompileIsolation
+from guidedec.grammar.isolation import PRELOAD, PRELOAD_DEFAULT, CompileIsolation
 from guidedec.grammar.limits import GuideLimits
 from guidedec.tokenizer import TokenizerInfo
 
@@ -217,3 +217,37 @@ def test_a_slow_first_mask_does_not_count_as_compile_time(isolation: CompileIsol
     took = time.monotonic() - start
     assert took > 0.5  # the first mask is slow...
     assert report.seconds < took / 4  # ...and is not counted as compiling
+
+
+@pytest.mark.parametrize(
+    ("preload", "builds_default"),
+    [(PRELOAD, False), (PRELOAD_DEFAULT, True)],
+)
+def test_the_fork_server_builds_the_default_tokenizer_only_for_engines_on_it(
+    preload: str, builds_default: bool
+) -> None:
+    script = textwrap.dedent(f"""
+        import importlib, sys
+        importlib.import_module({preload!r})
+        from guidedec import tokenizer
+        assert "guidedec.grammar.xgrammar_backend" in sys.modules
+        assert "guidedec.grammar.llguidance_backend" in sys.modules
+        print(tokenizer._default_tokenizer_info.cache_info().currsize)
+    """)
+    command = [sys.executable, "-c", script]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("1" if builds_default else "0")
+
+
+def test_a_worker_probes_with_the_engine_s_own_tokenizer() -> None:
+    own = TokenizerInfo.from_huggingface(TokenizerInfo.default().hf_tokenizer, vocab_size=129_312)
+    iso = CompileIsolation(timeout_s=60.0)
+    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=own, isolation=iso)
+    try:
+        report = iso.probe("xgrammar", GuidedDecodingParams(regex="[0-9]{3}"), config)
+        assert report.seconds >= 0
+        with pytest.raises(GrammarError):
+            iso.probe("xgrammar", GuidedDecodingParams(regex="(unclosed"), config)
+    finally:
+        iso.close()

@@ -3,7 +3,7 @@ the chosen backends, under a parent that kills a worker whose backend passes its
 dies, records that against the backend, and goes on with the schema in a fresh worker.
 
 Workers are forked from a fork server that has built the backends' tokenizers
-(:mod:`guidedec.grammar.isolation_preload`), so a replacement starts in milliseconds. Per
+(:mod:`guidedec.grammar.isolation_preload_default`), so a replacement starts in milliseconds. Per
 worker, ``auto`` is built over the same two backend factories (and so shares their compile
 caches): when both
 backends ran first, its compile time is the sum of the standalone compile times of the backends
@@ -30,7 +30,7 @@ from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
 from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
-from guidedec.grammar.isolation import process_alive, stop_worker
+from guidedec.grammar.isolation import PRELOAD_DEFAULT, process_alive, stop_worker
 from guidedec.grammar.matcher import WrappedFactory, WrappedMatcher
 from guidedec.testing import EngineChecks, accepts_output, uniform_guided_generate
 
@@ -524,7 +524,7 @@ class Pool:
         self.compile_timeout = compile_timeout
         self.phase_timeout = phase_timeout
         self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["guidedec.grammar.isolation_preload"])
+        self.ctx.set_forkserver_preload([PRELOAD_DEFAULT])
         self.slots = [self._spawn() for _ in range(workers)]
         self.times: Times = {}
 

@@ -19,10 +19,10 @@ The first mask is not held against that margin: the caller fills it later, in a 
 mask-time limit watches it (llguidance compiles a nested Lark repetition in milliseconds, and
 builds its lexer over the first mask's seconds).
 
-Workers are forked from a fork server (a fresh process that imported both backends and built
-the default tokenizer's views), never from the caller, whose other threads may hold locks.
-At most ``num_workers`` probes run at once and at most ``max_queued`` wait; a probe that waits
-longer than its deadline fails like one that runs too long.
+Workers are forked from a fork server (a fresh process that imported both backends and, for an
+engine on the default tokenizer, built its views), never from the caller, whose other
+threads may hold locks. At most ``num_workers`` probes run at once and at most ``max_queued``
+wait; a probe that waits longer than its deadline fails like one that runs too long.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from guidedec.tokenizer import TokenizerInfo
 
 PRELOAD = "guidedec.grammar.isolation_preload"
+"""The fork server's preload: both backends."""
+PRELOAD_DEFAULT = "guidedec.grammar.isolation_preload_default"
+"""The fork server's preload for the default tokenizer: both backends and its views."""
 DEFAULT_MEMORY_LIMIT = 8 << 30
 """Address space a worker may add to what it starts with, in bytes."""
 COMPILE_NICENESS = 10
@@ -149,7 +152,7 @@ class _Pool:
             None if default else config.tokenizer, isolation.memory_limit_bytes, os.getpid()
         )
         self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload([PRELOAD])
+        self.ctx.set_forkserver_preload([PRELOAD_DEFAULT if default else PRELOAD])
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(isolation.num_workers)

@@ -1,11 +1,7 @@
 """Imported once by the compile isolation's fork server, before it forks any worker: both
-backends and the default tokenizer's views of them are built here, so that every worker (and
-every replacement of a killed one) starts with them."""
+backends, so that every worker (and every replacement of a killed one) starts with them. An
+engine on the default tokenizer preloads :mod:`guidedec.grammar.isolation_preload_default`
+instead, which builds that tokenizer's views too."""
 
-from guidedec.grammar.llguidance_backend import llguidance_tokenizer
-from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info
-from guidedec.tokenizer import TokenizerInfo
-
-_TOKENIZER = TokenizerInfo.default()
-xgrammar_tokenizer_info(_TOKENIZER)
-llguidance_tokenizer(_TOKENIZER)
+import guidedec.grammar.llguidance_backend
+import guidedec.grammar.xgrammar_backend  # noqa: F401

@@ -251,3 +251,49 @@ def test_a_worker_probes_with_the_engine_s_own_tokenizer() -> None:
             iso.probe("xgrammar", GuidedDecodingParams(regex="(unclosed"), config)
     finally:
         iso.close()
+
+
+def test_a_worker_builds_its_tokenizer_views_before_its_memory_limit() -> None:
+    """A fork server started for another tokenizer has not built the default one's views: a
+    worker builds them before its memory limit applies, so 64 MB of room still compiles a small
+    guide (under the limit, the build hung the worker, and the probe's send with it)."""
+    script = textwrap.dedent("""
+        from guidedec.grammar.config import GuidedDecodingConfig
+        from guidedec.grammar.isolation import CompileIsolation
+        from guidedec.grammar.params import GuidedDecodingParams
+        from guidedec.tokenizer import TokenizerInfo
+
+        default = TokenizerInfo.default()
+        own = TokenizerInfo.from_huggingface(default.hf_tokenizer, vocab_size=129_312)
+        first = CompileIsolation(timeout_s=60.0)
+        first.start(GuidedDecodingConfig(tokenizer=own))  # the fork server: backends only
+        tight = CompileIsolation(timeout_s=60.0, memory_limit_bytes=64 << 20)
+        config = GuidedDecodingConfig(backend="xgrammar", tokenizer=default)
+        tight.probe("xgrammar", GuidedDecodingParams(choice=["yes", "no"]), config)
+        first.close()
+        tight.close()
+        print("compiled")
+    """)
+    command = [sys.executable, "-c", script]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "compiled"
+
+
+def test_a_worker_that_does_not_start_in_time_fails_the_probe_by_its_deadline() -> None:
+    import multiprocessing as mp
+
+    from guidedec.grammar.isolation import _Pool, _Worker
+
+    iso = CompileIsolation(timeout_s=1.0)
+    pool = _Pool(iso, GuidedDecodingConfig(tokenizer=TokenizerInfo.default()))
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    sleeper = ctx.Process(target=time.sleep, args=(60,), daemon=True)
+    sleeper.start()
+    start = time.monotonic()
+    with pytest.raises(GrammarError, match="starting a compile worker"):
+        pool._wait_ready(_Worker(sleeper, parent), "xgrammar", start + 0.5)
+    assert time.monotonic() - start < 10
+    assert not sleeper.is_alive()
+    child.close()

@@ -53,7 +53,8 @@ PRELOAD = "guidedec.grammar.isolation_preload"
 PRELOAD_DEFAULT = "guidedec.grammar.isolation_preload_default"
 """The fork server's preload for the default tokenizer: both backends and its views."""
 DEFAULT_MEMORY_LIMIT = 8 << 30
-"""Address space a worker may add to what it starts with, in bytes."""
+"""Address space a worker may add to what it holds once started (its tokenizer's views built),
+in bytes."""
 COMPILE_NICENESS = 10
 """How much lower than the engine's the priority of compile work is: a long compile takes the
 CPU the steps of running requests leave, not theirs."""
@@ -68,7 +69,8 @@ class CompileIsolation:
         timeout_s: A probe's deadline, waiting for a worker included.
         num_workers: Probes that run at once.
         max_queued: Probes that may wait for a worker; more fail at once.
-        memory_limit_bytes: Address space a worker may add to its own at start (None: no limit).
+        memory_limit_bytes: Address space a worker may add to its own once started, its
+            tokenizer's views built (None: no limit).
     """
 
     timeout_s: float = 60.0
@@ -140,6 +142,7 @@ class _Settings:
 class _Worker:
     process: Any
     conn: Connection
+    ready: bool = False  # it said it is ready: it reads the pipe
 
 
 class _Pool:
@@ -196,6 +199,10 @@ class _Pool:
     ) -> ProbeReport:
         worker = self._take()
         try:
+            if not worker.ready:
+                self._wait_ready(worker, backend, deadline)
+            # A ready worker reads its pipe, so a guide larger than the pipe's buffer cannot
+            # block this send past the deadline.
             worker.conn.send((backend, params, options))
             if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
                 self._kill(worker)
@@ -222,6 +229,14 @@ class _Pool:
                 backend=backend,
             )
         return ProbeReport(seconds, None if held < 0 else int(held))
+
+    def _wait_ready(self, worker: _Worker, backend: str, deadline: float) -> None:
+        """Wait for a new worker's start (its tokenizer's views built), within the deadline."""
+        if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
+            self._kill(worker)
+            raise _timed_out(backend, self.isolation.timeout_s, "starting a compile worker")
+        worker.conn.recv()
+        worker.ready = True
 
     def _take(self) -> _Worker:
         with self._lock:
@@ -297,16 +312,24 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
     import torch
 
     from guidedec.grammar.auto import build_backend_factory
+    from guidedec.grammar.llguidance_backend import llguidance_tokenizer
+    from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info
     from guidedec.tokenizer import TokenizerInfo
 
-    if settings.memory_limit_bytes is not None:
-        _limit_memory(settings.memory_limit_bytes)
-    lower_priority()
+    # What every probe needs comes before the memory limit, which is the compiles' room: the
+    # tokenizer and both backends' views of it (a fork server preloaded for the default
+    # tokenizer has built them already).
     tokenizer = settings.tokenizer or TokenizerInfo.default()
+    xgrammar_tokenizer_info(tokenizer)
+    llguidance_tokenizer(tokenizer)
     factories: list[tuple[str, GuidedDecodingConfig, Any]] = []  # a few: the configs seen
     # One row in the layout of guidedec.bitmask (which the grammar layer does not import): an
     # int32 word per 32 tokens.
     bitmask = torch.zeros(1, -(-tokenizer.vocab_size // 32), dtype=torch.int32)
+    if settings.memory_limit_bytes is not None:
+        _limit_memory(settings.memory_limit_bytes)
+    lower_priority()
+    conn.send(("ready", ""))
     while True:
         while not conn.poll(1.0):
             if not process_alive(settings.parent):

@@ -6,8 +6,8 @@ that takes about 15 s for SmolLM2-135M, and transformers refuses to save the res
 the first load writes a plain Hugging Face folder (``config.json``, the weights as safetensors,
 the tokenizer with its chat template, the generation config) into a cache, keyed by the file's
 contents, and every later load reads that folder (about a second). A converted model takes its
-float32 size on disk: four times its parameter count in bytes, 540 MB for 135M parameters, and
-about as much memory while it converts.
+float32 size on disk: four times its parameter count in bytes, 540 MB for 135M parameters; the
+conversion's process peaks at about two and a half times that (1.3 GB for SmolLM2-135M).
 
 The cache is ``$GUIDEDEC_CACHE_DIR/gguf`` (default ``~/.cache/guidedec/gguf``); delete it to
 convert again.

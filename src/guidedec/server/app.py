@@ -45,6 +45,7 @@ from guidedec.server.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, too_lon
 from guidedec.server.metrics import CONTENT_TYPE, ServerMetrics
 from guidedec.server.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
@@ -244,12 +245,9 @@ class _Api:
         self._check_model(body.model)
         hf = _hf(self.llm)
         if body.messages is not None:
-            text = self._render([m.model_dump() for m in body.messages])
-            if not body.add_generation_prompt:
-                raise BadRequestError(
-                    "add_generation_prompt false is not supported by guidedec",
-                    "add_generation_prompt",
-                )
+            if body.tools is not None:
+                check_tools(body.tools)
+            text = self._render(body.messages, body.tools, body.add_generation_prompt)
             tokens = self.llm.tokenizer.encode(text)
         else:
             assert body.prompt is not None
@@ -308,8 +306,8 @@ class _Api:
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         self._check_request(body)
-        prompt = self._render([m.model_dump() for m in body.messages])
         tools = (body.tools, body.tool_choice) if _calls_tools(body) else None
+        prompt = self._render(body.messages, body.tools)
         max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None:
             max_tokens = self.default_max_tokens
@@ -349,9 +347,21 @@ class _Api:
         if model is not None and model != self.name:
             raise ModelNotFoundError(model)
 
-    def _render(self, messages: list[dict[str, Any]]) -> str:
+    def _render(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt of ``messages``, with ``tools`` shown to the model (the request's
+        ``tool_choice`` aside, as vLLM does)."""
         try:
-            return render_chat(messages, _hf(self.llm))
+            return render_chat(
+                [m.model_dump(exclude_none=True) for m in messages],
+                _hf(self.llm),
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+            )
         except ValueError as exc:
             raise BadRequestError(str(exc), "messages") from exc
 

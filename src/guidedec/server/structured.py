@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jsonschema
+
 from guidedec.grammar.params import GuidedDecodingParams
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -234,6 +236,12 @@ def _tool_schema(tool: Any, path: str) -> tuple[str, dict[str, Any]]:
     for key in ("$defs", "definitions"):
         if key in params and not isinstance(params[key], Mapping):
             raise _error(f"{path}.parameters.{key}", "must be an object")
+    try:  # against its meta-schema: the tool is shown to the model even when no call is guided
+        jsonschema.validators.validator_for(params).check_schema(params)
+    except jsonschema.SchemaError as exc:
+        where = "".join(f"[{p!r}]" for p in exc.path)
+        problem = f"{where} {exc.message}" if where else exc.message
+        raise _error(f"{path}.parameters", f"is not a JSON schema: {problem}") from exc
     return name, dict(params)
 
 

@@ -181,7 +181,10 @@ def test_tools_required_and_named(client: openai.OpenAI) -> None:
             temperature=0,
         )
         message = out.choices[0].message
-        assert out.choices[0].finish_reason == "tool_calls", out
+        # OpenAI's finish reasons: "tool_calls" when the model chose to call, "stop" when the
+        # request named the function.
+        expected = "stop" if isinstance(choice, dict) else "tool_calls"
+        assert out.choices[0].finish_reason == expected, out
         assert message.tool_calls, message
         for call in message.tool_calls:
             tool = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]

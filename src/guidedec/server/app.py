@@ -546,7 +546,8 @@ class _Api:
                 tool_calls = calls[choice.index].deltas(stream.content.sent)
                 if tool_calls:
                     message["tool_calls"] = tool_calls
-                if reason == "stop" and calls[choice.index].num_calls:
+                named = _named_tool(tools) is not None
+                if reason == "stop" and calls[choice.index].num_calls and not named:
                     reason = "tool_calls"
             elif piece:
                 message["content"] = piece
@@ -583,15 +584,18 @@ def _chat_choice(index: int, delta: dict[str, Any], reason: str | None) -> dict[
 
 
 def _chat_message(output: RequestOutput, tools: Any) -> tuple[dict[str, Any], str]:
-    """The assistant message, with ``tool_calls`` when the request constrained it to tools
-    (a call that closing ended keeps ``finish_reason`` ``length``)."""
+    """The assistant message, with ``tool_calls`` when the request constrained it to tools:
+    ``finish_reason`` ``tool_calls`` for ``"required"``, ``stop`` for a named function (as
+    OpenAI and vLLM), ``length`` for a call that closing ended."""
     if tools and output.complete:
         try:
             calls = parse_tool_calls(output.text, tools=tools[0], tool_choice=tools[1])
         except ValueError:
             calls = None
         if calls:
-            reason = "tool_calls" if output.finish_reason == "stop" else output.finish_reason
+            reason: str = output.finish_reason
+            if reason == "stop" and _named_tool(tools) is None:
+                reason = "tool_calls"  # OpenAI's: "stop" for a named function, as the model's
             return {"role": "assistant", "content": None, "tool_calls": calls}, reason
     return {"role": "assistant", "content": output.text}, output.finish_reason
 

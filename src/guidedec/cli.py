@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from guidedec.cli_bench import BenchError, add_bench
-from guidedec.cli_generate import CliError, build_llm, generate, load_schema, schema_status
+from guidedec.cli_generate import (
+    CliError,
+    build_llm,
+    chat_template,
+    generate,
+    load_schema,
+    schema_status,
+)
 from guidedec.engine.reasoning import REASONING_PARSERS
 
 DEMO_SCHEMA: dict[str, Any] = {
@@ -270,6 +277,7 @@ def _add_generate(commands: Any) -> None:
         help="each PROMPT is a user message, sent through the model's chat template",
     )
     run.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
+    _add_chat_template(run)
     run.add_argument("--jsonl", action="store_true", help="one JSON object per prompt on stdout")
     run.add_argument("prompts", nargs="+", metavar="PROMPT", help="one output per prompt")
     run.set_defaults(func=generate)
@@ -288,6 +296,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     from guidedec.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
+    template = chat_template(args)  # before the model loads: a bad one fails at once
     app = create_app(
         build_llm(args),
         model_name=args.served_model_name,
@@ -302,6 +311,7 @@ def serve(args: argparse.Namespace) -> int:
         allowed_methods=args.allowed_methods,
         allowed_headers=args.allowed_headers,
         allow_credentials=args.allow_credentials,
+        chat_template=template,
     )
     uvicorn.run(
         app,
@@ -318,9 +328,19 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_chat_template(parser: Any) -> None:
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEMPLATE",
+        help="the Jinja chat template to render chats with, a file or the template itself "
+        "(default: the model's own)",
+    )
+
+
 def _add_serve(commands: Any) -> None:
     run = commands.add_parser("serve", help=serve.__doc__, description=serve.__doc__)
     _add_engine(run)
+    _add_chat_template(run)
     run.add_argument("--host", default="127.0.0.1", help="address to listen on")
     run.add_argument("--port", type=_int_at_least(1), default=8000, help="port to listen on")
     run.add_argument("--served-model-name", help="model id in the API (default: --model)")

@@ -20,7 +20,7 @@ import jsonschema
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from guidedec import LLM, GuidedDecodingParams, RequestOutput, SamplingParams
-from guidedec.engine.chat import render_chat
+from guidedec.engine.chat import load_chat_template, render_chat
 
 PROGRESS_MIN_PROMPTS = 5  # a progress bar for this many prompts, or whenever stderr is a TTY
 
@@ -161,12 +161,30 @@ def sampling_params(args: argparse.Namespace, guide: Guide) -> list[SamplingPara
     ]
 
 
+def chat_template(args: argparse.Namespace) -> str | None:
+    """``--chat-template``'s template, None when not given.
+
+    Raises:
+        CliError: neither a file nor a template.
+    """
+    if not args.chat_template:
+        return None
+    try:
+        return load_chat_template(args.chat_template)
+    except ValueError as exc:
+        raise CliError(f"--chat-template: {exc}") from exc
+
+
 def chat_prompts(llm: LLM, args: argparse.Namespace) -> list[str]:
     """Each prompt as a user message (after ``--system``), through the model's chat template
     (:func:`guidedec.engine.chat.render_chat`, as ``LLM.chat`` and the server render)."""
     system = [{"role": "system", "content": args.system}] if args.system else []
     hf = llm.tokenizer.hf_tokenizer
-    return [render_chat([*system, {"role": "user", "content": p}], hf) for p in args.prompts]
+    template = chat_template(args)
+    return [
+        render_chat([*system, {"role": "user", "content": p}], hf, chat_template=template)
+        for p in args.prompts
+    ]
 
 
 def run(llm: LLM, prompts: list[str], params: list[SamplingParams], progress: bool) -> RunResult:

@@ -325,3 +325,24 @@ def test_export_model_writes_a_folder_that_loads_as_the_same_model(
     ids = torch.tensor([original.tokenizer.encode(text)])
     with torch.no_grad():
         assert torch.equal(original.model(ids).logits, exported.model(ids).logits)
+
+
+def test_chat_template_file_renders_the_chat(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A template that renders the message's text alone makes ``--chat`` generate what the raw
+    prompt does (greedy); a value that is neither a file nor a template is an error naming it."""
+    template = tmp_path / "bare.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    argv = ["generate", "--temperature", "0", "--max-tokens", "8", "--jsonl"]
+    status, raw, err = run_cli(capsys, *argv, "Pick one:")
+    assert status == 0, err
+    chat_argv = [*argv, "--chat", "--chat-template", str(template)]
+    status, chat, err = run_cli(capsys, *chat_argv, "Pick one:")
+    assert status == 0, err
+    assert json.loads(chat)["token_ids"] == json.loads(raw)["token_ids"]
+    status, default, err = run_cli(capsys, *argv, "--chat", "Pick one:")
+    assert status == 0, err
+    assert json.loads(default)["token_ids"] != json.loads(raw)["token_ids"]  # <|user|> headers
+    status, _, err = run_cli(capsys, *argv, "--chat", "--chat-template", "nope.jinja", "x")
+    assert status != 0 and "--chat-template" in err and "nope.jinja" in err

@@ -14,6 +14,7 @@ import pytest
 
 from guidedec import LLM
 from guidedec.server import create_app
+from guidedec.tokenizer import TokenizerInfo
 from live_server import serve
 
 MODEL = "tiny-random"
@@ -140,3 +141,40 @@ def test_a_bad_tool_schema_is_a_400_naming_it(client: openai.OpenAI) -> None:
             max_tokens=2,
         )
     assert "tools[0].function.parameters" in str(caught.value)
+
+
+# A template that shows which of its inputs reached it.
+ECHO_TEMPLATE = (
+    "[{{ greeting | default('no kwargs') }}]{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_a_request_s_chat_template_kwargs_and_generation_prompt_reach_the_template(
+    client: openai.OpenAI,
+) -> None:
+    ask = [{"role": "user", "content": "hi"}]
+    with_kwargs = client.chat.completions.create(
+        model=MODEL,
+        messages=ask,  # type: ignore[arg-type]
+        max_tokens=1,
+        extra_body={"chat_template": ECHO_TEMPLATE, "chat_template_kwargs": {"greeting": "hello"}},
+    )
+    without = client.chat.completions.create(
+        model=MODEL,
+        messages=ask,  # type: ignore[arg-type]
+        max_tokens=1,
+        extra_body={"chat_template": ECHO_TEMPLATE, "add_generation_prompt": False},
+    )
+    tokenizer = TokenizerInfo.default()  # tiny-random's
+    expected = {"[hello]<user>hi<assistant>": with_kwargs, "[no kwargs]<user>hi": without}
+    for text, out in expected.items():
+        assert out.usage is not None
+        assert out.usage.prompt_tokens == len(tokenizer.encode(text)), text
+
+
+def test_the_server_s_chat_template_serves_requests_that_give_none() -> None:
+    app = create_app(LLM(MODEL, max_num_seqs=2), chat_template=ECHO_TEMPLATE)
+    for url in serve(app):
+        rendered = _prompt(url, {"messages": [{"role": "user", "content": "hi"}]})
+        assert rendered.endswith("[no kwargs]<user>hi<assistant>")

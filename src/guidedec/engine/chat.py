@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -81,6 +82,21 @@ def render_chat(
         return str(text)
     lines = [f"<|{m['role']}|>\n{m['content']}\n" for m in plain]
     return "".join(lines) + ("<|assistant|>\n" if add_generation_prompt else "")
+
+
+def load_chat_template(value: str) -> str:
+    """A chat template given as vLLM's ``--chat-template`` takes it: a file's path, or the
+    template itself (text holding ``{{`` or ``{%``).
+
+    Raises:
+        ValueError: neither a file nor a template.
+    """
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"chat template {value!r}: no such file, and not a Jinja template")
 
 
 def renders_tools(template: str) -> bool:

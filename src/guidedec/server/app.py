@@ -101,6 +101,7 @@ def create_app(
     allowed_methods: Sequence[str] = ("*",),
     allowed_headers: Sequence[str] = ("*",),
     allow_credentials: bool = False,
+    chat_template: str | None = None,
 ) -> FastAPI:
     """An app serving ``llm``; its engine thread starts now and stops with the app.
 
@@ -113,6 +114,8 @@ def create_app(
         api_key: When set, ``/v1`` requests must send ``Authorization: Bearer <api_key>``.
         allowed_origins, allowed_methods, allowed_headers, allow_credentials: CORS, as vLLM's
             flags of the same names (default: any origin).
+        chat_template: The Jinja chat template of chat requests that give none (default: the
+            model's own), as vLLM's ``--chat-template``.
     """
     engine = AsyncEngine(llm)
     name = model_name or llm.model.name
@@ -134,7 +137,7 @@ def create_app(
         allow_credentials=allow_credentials,
     )
     app.state.engine = engine
-    api = _Api(llm, engine, name, default_max_tokens)
+    api = _Api(llm, engine, name, default_max_tokens, chat_template)
     _add_error_handlers(app, api.metrics)
 
     app.get("/health")(api.health)
@@ -204,10 +207,15 @@ def _rejected(
 
 class _Api:
     def __init__(
-        self, llm: LLM, engine: AsyncEngine, name: str, default_max_tokens: int | None
+        self,
+        llm: LLM,
+        engine: AsyncEngine,
+        name: str,
+        default_max_tokens: int | None,
+        chat_template: str | None,
     ) -> None:
         self.llm, self.engine, self.name = llm, engine, name
-        self.default_max_tokens = default_max_tokens
+        self.default_max_tokens, self.chat_template = default_max_tokens, chat_template
         self.metrics = ServerMetrics(name)
         # The most characters one token covers: a prompt longer than that many per context
         # position is refused before it is tokenized.
@@ -247,7 +255,7 @@ class _Api:
         if body.messages is not None:
             if body.tools is not None:
                 check_tools(body.tools)
-            text = self._render(body.messages, body.tools, body.add_generation_prompt)
+            text = self._render(body.messages, body.tools, None, None, body.add_generation_prompt)
             tokens = self.llm.tokenizer.encode(text)
         else:
             assert body.prompt is not None
@@ -307,7 +315,13 @@ class _Api:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         self._check_request(body)
         tools = (body.tools, body.tool_choice) if _calls_tools(body) else None
-        prompt = self._render(body.messages, body.tools)
+        prompt = self._render(
+            body.messages,
+            body.tools,
+            body.chat_template,
+            body.chat_template_kwargs,
+            body.add_generation_prompt,
+        )
         max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None:
             max_tokens = self.default_max_tokens
@@ -351,14 +365,19 @@ class _Api:
         self,
         messages: list[ChatMessage],
         tools: list[dict[str, Any]] | None,
-        add_generation_prompt: bool = True,
+        chat_template: str | None,
+        chat_template_kwargs: dict[str, Any] | None,
+        add_generation_prompt: bool,
     ) -> str:
         """The prompt of ``messages``, with ``tools`` shown to the model (the request's
-        ``tool_choice`` aside, as vLLM does)."""
+        ``tool_choice`` aside, as vLLM does), through the request's chat template, else the
+        server's, else the model's."""
         try:
             return render_chat(
                 [m.model_dump(exclude_none=True) for m in messages],
                 _hf(self.llm),
+                chat_template=chat_template or self.chat_template,
+                chat_template_kwargs=chat_template_kwargs,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
             )

@@ -155,3 +155,29 @@ def test_a_field_that_cannot_be_rendered_is_an_error_naming_it(
         return
     with pytest.raises(ValueError, match=names.replace("[", r"\[").replace("]", r"\]")):
         render_chat([message], hf, chat_template=HERMES)
+
+
+@pytest.mark.parametrize(
+    ("template", "kwargs", "says"),
+    [
+        ("{% for m in messages %}{{ m.content }", None, "TemplateSyntaxError"),
+        ("{{ raise_exception('no tools here') }}", None, "no tools here"),
+        ("{{ undefined_thing.attribute }}", None, "UndefinedError"),
+        ("{{ greeting }}", {"tokenize": True}, "chat_template_kwargs.tokenize"),
+        ("{{ greeting }}", {"return_dict": True}, "chat_template_kwargs.return_dict"),
+    ],
+)
+def test_a_template_that_fails_or_a_renderer_argument_is_a_value_error(
+    hf: Any, template: str, kwargs: dict[str, Any] | None, says: str
+) -> None:
+    with pytest.raises(ValueError, match=says):
+        render_chat(TWO_TURNS[:1], hf, chat_template=template, chat_template_kwargs=kwargs)
+    assert (
+        render_chat(
+            TWO_TURNS[:1],
+            hf,
+            chat_template="{{ greeting }}",
+            chat_template_kwargs={"greeting": "x"},
+        )
+        == "x"
+    )

@@ -178,3 +178,23 @@ def test_the_server_s_chat_template_serves_requests_that_give_none() -> None:
     for url in serve(app):
         rendered = _prompt(url, {"messages": [{"role": "user", "content": "hi"}]})
         assert rendered.endswith("[no kwargs]<user>hi<assistant>")
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"chat_template": "{% for m in messages %}"}, "the chat template failed"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+    ],
+)
+def test_a_chat_template_that_fails_is_a_400(
+    client: openai.OpenAI, extra: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=HISTORY[:1],  # type: ignore[arg-type]
+            max_tokens=1,
+            extra_body={"chat_template": ECHO_TEMPLATE, **extra},
+        )
+    assert says in str(caught.value)

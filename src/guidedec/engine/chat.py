@@ -17,10 +17,13 @@ models saw them (:func:`tools_as_text`): the definitions in the system turn insi
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import jinja2
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
@@ -71,14 +74,25 @@ def render_chat(
     if uses_tools and not (template and renders_tools(template)):
         plain, tool_list = tools_as_text(plain, tool_list), None
     if template:
-        text = hf_tokenizer.apply_chat_template(
-            plain,
-            chat_template=template,
-            tools=tool_list,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **dict(chat_template_kwargs or {}),
-        )
+        kwargs = dict(chat_template_kwargs or {})
+        own = inspect.signature(hf_tokenizer.apply_chat_template).parameters
+        taken = sorted(k for k in kwargs if k in own and own[k].kind != own[k].VAR_KEYWORD)
+        if taken:  # an argument of the renderer, not a variable of the template
+            raise ValueError(
+                f"chat_template_kwargs.{taken[0]} is not a template variable: guidedec sets "
+                "the renderer's own arguments"
+            )
+        try:
+            text = hf_tokenizer.apply_chat_template(
+                plain,
+                chat_template=template,
+                tools=tool_list,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+        except jinja2.TemplateError as exc:  # a template's syntax, or its raise_exception
+            raise ValueError(f"the chat template failed: {type(exc).__name__}: {exc}") from exc
         return str(text)
     lines = [f"<|{m['role']}|>\n{m['content']}\n" for m in plain]
     return "".join(lines) + ("<|assistant|>\n" if add_generation_prompt else "")

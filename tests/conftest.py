@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+import guidedec.decoder.completion
 import summary
 from guidedec import (
     GrammarMatcherFactory,
@@ -47,6 +49,15 @@ def pytest_configure(config: pytest.Config) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.fixture(autouse=True)
+def steady_search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budget-closing searches never give up on time (``SLOW_SEARCH_S``) unless a test is
+    marked ``timed_search``: on a loaded machine (a parallel run) a search could give up in one
+    run and not in the other, and tests compare runs token for token."""
+    if request.node.get_closest_marker("timed_search") is None:
+        monkeypatch.setattr(guidedec.decoder.completion, "SLOW_SEARCH_S", math.inf)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -23,6 +23,8 @@ from guidedec.grammar.matcher import (
 from guidedec.testing import SlowMasks, uniform_guided_generate
 from guidedec.tokenizer import TokenizerInfo
 
+pytestmark = pytest.mark.timed_search  # slow masks: searches give up as in production
+
 HEALTHY = GuidedDecodingParams(
     json_schema={
         "type": "object",

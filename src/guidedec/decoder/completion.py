@@ -570,7 +570,42 @@ def _guide_texts(params: GuidedDecodingParams) -> list[str]:
         return list(dict.fromkeys(literals + rests))
     if kind is GuideType.REGEX:
         return _LITERAL_RUN.findall(str(guide))
+    if kind is GuideType.STRUCTURAL_TAG:
+        tag = json.loads(guide) if isinstance(guide, str) else guide
+        fixed: list[str] = []
+        names: list[str] = []
+        words: list[str] = []
+        _tag_words(tag, fixed, names, words, depth=0)
+        ends = [t[i:] for t in fixed if len(t) <= MAX_REST for i in range(1, len(t))]
+        return list(dict.fromkeys(fixed + names + words + ends))
     return []
+
+
+_TAG_TEXTS = ("begin", "end", "value", "separator")
+
+
+def _tag_words(
+    node: Any, literals: list[str], required: list[str], other: list[str], depth: int
+) -> None:
+    """A structural tag's fixed texts (tags' begins and ends, constant strings, separators),
+    and the words of its JSON schemas and grammars."""
+    if depth > 32:
+        return
+    if isinstance(node, list):
+        for item in node:
+            _tag_words(item, literals, required, other, depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    literals.extend(node[k] for k in _TAG_TEXTS if isinstance(node.get(k), str) and node[k])
+    for key in ("json_schema", "schema"):
+        if isinstance(node.get(key), dict):
+            _schema_words(node[key], required, other, depth=0)
+    if node.get("type") == "grammar" and isinstance(node.get("grammar"), str):
+        other.extend(m.group(1) for m in _QUOTED.finditer(node["grammar"]) if m.group(1))
+    for key, value in node.items():
+        if key not in ("json_schema", "schema") and isinstance(value, dict | list):
+            _tag_words(value, literals, required, other, depth + 1)
 
 
 def _schema_words(node: Any, required: list[str], other: list[str], depth: int) -> None:

@@ -12,7 +12,12 @@ enforce (``enum``, ``const``, ``required``, ``prefixItems``, an ``anyOf`` of who
   object: an ``anyOf`` with the trigger absent or all its dependents required;
 - ``if: {properties: {k: {const: v}}}`` with ``then``/``else`` that only add ``required``, where
   ``k`` has an ``enum`` (or is boolean): an ``anyOf`` of ``k == v`` plus ``then`` and ``k`` among
-  the other values (or absent, on a closed object) plus ``else``.
+  the other values (or absent, on a closed object) plus ``else``;
+- with ``list_required`` (the schemas inside structural tags, which always go to xgrammar):
+  ``required`` names that ``properties`` does not list (xgrammar then lets them be left out),
+  on an object without ``patternProperties`` that admits other properties: each listed, with
+  the ``additionalProperties`` schema (or ``{}``). A JSON-schema guide with such names goes to
+  llguidance first instead (see :mod:`guidedec.grammar.auto_policy`).
 
 xgrammar drops the keywords beside an ``anyOf``, so each branch is a whole copy of the node. The
 result accepts exactly the instances the original accepts; anything else is left as it was.
@@ -47,7 +52,7 @@ _LEGACY_DRAFT = re.compile(r"draft-0[4-7]/")
 
 
 @lru_cache(maxsize=1024)
-def rewrite_for_xgrammar(schema_text: str) -> str:
+def rewrite_for_xgrammar(schema_text: str, list_required: bool = False) -> str:
     """``schema_text`` with the constructs above restated; the text itself when none applies
     (or it is not JSON)."""
     try:
@@ -58,28 +63,44 @@ def rewrite_for_xgrammar(schema_text: str) -> str:
         isinstance(root, dict) and _LEGACY_DRAFT.search(str(root.get("$schema", ""))) is not None
     )
     try:
-        rewritten = _walk(root, legacy)
+        rewritten = _walk(root, legacy, list_required)
     except RecursionError:
         return schema_text
     return schema_text if rewritten == root else json.dumps(rewritten)
 
 
-def _walk(node: Any, legacy: bool) -> Any:
+def _walk(node: Any, legacy: bool, list_required: bool = False) -> Any:
     if not isinstance(node, dict):
         return node
     out = dict(node)
     for key in _SCHEMA_KEYS:
         if isinstance(out.get(key), dict):
-            out[key] = _walk(out[key], legacy)
+            out[key] = _walk(out[key], legacy, list_required)
     for key in _LIST_KEYS:
         if isinstance(out.get(key), list):
-            out[key] = [_walk(child, legacy) for child in out[key]]
+            out[key] = [_walk(child, legacy, list_required) for child in out[key]]
     for key in _MAP_KEYS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: _walk(child, legacy) for name, child in out[key].items()}
+            out[key] = {
+                name: _walk(child, legacy, list_required) for name, child in out[key].items()
+            }
     for rewrite in (_not_beside_values, _unique_enum_items, _if_const):
         out = rewrite(out)
+    if list_required:
+        out = _required_listed(out)
     return _dependent_required(out, legacy)
+
+
+def _required_listed(node: Schema) -> Schema:
+    names, listed = node.get("required"), node.get("properties", {})
+    other = node.get("additionalProperties", True)
+    if not isinstance(names, list) or not isinstance(listed, dict) or "patternProperties" in node:
+        return node
+    missing = [n for n in names if isinstance(n, str) and n not in listed]
+    if not missing or other is False or not isinstance(other, dict | bool):
+        return node
+    value = other if isinstance(other, dict) else {}
+    return {**node, "properties": {**listed, **dict.fromkeys(missing, value)}}
 
 
 def _values(node: Schema) -> list[Any] | None:

@@ -385,7 +385,7 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
         if guide_type is GuideType.LARK:
             return self._compiler.compile_lark(guide)
         tag = structural_tag_to_xgrammar_arg(_checked_json(guide, "structural_tag"))
-        return self._compiler.compile_structural_tag(tag)
+        return self._compiler.compile_structural_tag(json.dumps(_rewrite_schemas(json.loads(tag))))
 
     def _compile_json(self, schema: str) -> xgr.CompiledGrammar:
         limit = self.config.json_whitespace_limit
@@ -411,3 +411,17 @@ def _describe(params: GuidedDecodingParams, exc: Exception) -> str:
     # xgrammar prefixes its C++ errors with a timestamp and a source location.
     message = _XGRAMMAR_LOCATION.sub("", message)
     return f"cannot compile {params.guide_type.value} guide: {message}"
+
+
+def _rewrite_schemas(node: Any) -> Any:
+    """A structural tag with each JSON schema in it restated as for a JSON-schema guide
+    (:func:`~guidedec.grammar.schema_rewrite.rewrite_for_xgrammar`)."""
+    if isinstance(node, list):
+        return [_rewrite_schemas(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _rewrite_schemas(value) for key, value in node.items()}
+    if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
+        text = rewrite_for_xgrammar(json.dumps(node["json_schema"]), list_required=True)
+        out["json_schema"] = json.loads(text)
+    return out

@@ -22,6 +22,10 @@ from guidedec.cli_generate import (
 )
 from guidedec.engine.reasoning import REASONING_PARSERS
 
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+"""``serve --tool-call-parser``'s choices: :data:`guidedec.server.tool_calls.TOOL_PARSERS`
+(named here so that the CLI starts without importing the server)."""
+
 DEMO_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -312,6 +316,8 @@ def serve(args: argparse.Namespace) -> int:
         allowed_headers=args.allowed_headers,
         allow_credentials=args.allow_credentials,
         chat_template=template,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
     uvicorn.run(
         app,
@@ -341,6 +347,18 @@ def _add_serve(commands: Any) -> None:
     run = commands.add_parser("serve", help=serve.__doc__, description=serve.__doc__)
     _add_engine(run)
     _add_chat_template(run)
+    run.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='serve tool_choice "auto": the model writes freely, and each tool call it '
+        "starts is guided by the tool's schema and parsed into tool_calls",
+    )
+    run.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        help="the format the model writes tool calls in (default: the one its chat "
+        "template teaches; hermes for a template that shows no tools)",
+    )
     run.add_argument("--host", default="127.0.0.1", help="address to listen on")
     run.add_argument("--port", type=_int_at_least(1), default=8000, help="port to listen on")
     run.add_argument("--served-model-name", help="model id in the API (default: --model)")

@@ -182,9 +182,11 @@ def test_tools_required_and_named(client: openai.OpenAI) -> None:
         )
         message = out.choices[0].message
         # OpenAI's finish reasons: "tool_calls" when the model chose to call, "stop" when the
-        # request named the function.
+        # request named the function; "length" for calls the budget closed (random weights
+        # write long strings).
         expected = "stop" if isinstance(choice, dict) else "tool_calls"
-        assert out.choices[0].finish_reason == expected, out
+        reason = out.choices[0].finish_reason
+        assert reason == expected or (reason == "length" and _complete(out.choices[0])), out
         assert message.tool_calls, message
         for call in message.tool_calls:
             tool = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]
@@ -202,7 +204,8 @@ def test_tools_required_and_named(client: openai.OpenAI) -> None:
         temperature=0.9,
         seed=1,
     )
-    assert single.choices[0].finish_reason == "tool_calls"
+    reason = single.choices[0].finish_reason
+    assert reason == "tool_calls" or (reason == "length" and _complete(single.choices[0]))
     assert len(single.choices[0].message.tool_calls or []) == 1
 
 
@@ -321,6 +324,14 @@ _CHAT = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]
             "tool_choice.function.name",
         ),
         ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools[0].function"),
+        # auto, asked or implied by tools, is served with --enable-auto-tool-choice only
+        ("/v1/chat/completions", {"tools": [_TOOL], "tool_choice": "auto"}, "tool_choice"),
+        ("/v1/chat/completions", {"tools": [_TOOL]}, "tool_choice"),
+        (
+            "/v1/chat/completions",
+            {"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+            "tools[0].function.strict",
+        ),
     ],
 )
 def test_hostile_fields_get_400_naming_them(server: str, path: str, body: dict, param: str) -> None:

@@ -14,7 +14,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_server import PERSON, TAG, TIME_TOOL, WEATHER_TOOL
+from test_server import PERSON, TAG, WEATHER_TOOL
 
 import guidedec
 from guidedec import LLM
@@ -300,30 +300,6 @@ def test_a_chat_request_without_max_tokens_ends_within_the_default(client: opena
 
 
 # --- tool calls, streamed --------------------------------------------------------------------
-
-
-def test_streamed_tool_calls_with_the_sdk_stream_helper(client: openai.OpenAI) -> None:
-    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
-        with client.chat.completions.stream(
-            model=MODEL,
-            messages=[{"role": "user", "content": "Weather and time?"}],
-            max_tokens=80,
-            temperature=0,
-            tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
-            tool_choice=choice,  # type: ignore[arg-type]
-        ) as stream:
-            argument_events = sum(
-                1 for event in stream if event.type == "tool_calls.function.arguments.delta"
-            )
-            final = stream.get_final_completion()
-        calls = final.choices[0].message.tool_calls or []
-        expected = "stop" if isinstance(choice, dict) else "tool_calls"
-        assert final.choices[0].finish_reason == expected
-        assert calls and argument_events > 1  # arguments came in pieces
-        for call in calls:
-            tool = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]
-            schema = tool["function"]["parameters"]  # type: ignore[index]
-            jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
 # --- access ----------------------------------------------------------------------------------

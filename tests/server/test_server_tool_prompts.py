@@ -48,7 +48,7 @@ HISTORY: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    yield from serve(create_app(LLM(MODEL, max_num_seqs=4)))
+    yield from serve(create_app(LLM(MODEL, max_num_seqs=4), enable_auto_tool_choice=True))
 
 
 @pytest.fixture(scope="module")

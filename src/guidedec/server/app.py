@@ -15,7 +15,6 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -65,8 +64,8 @@ from guidedec.server.structured import (
     RequestError,
     check_tools,
     guide_for_request,
-    parse_tool_calls,
 )
+from guidedec.server.tool_calls import ToolCalls, ToolSettings
 from guidedec.server.tool_stream import ToolCallStream
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -102,6 +101,8 @@ def create_app(
     allowed_headers: Sequence[str] = ("*",),
     allow_credentials: bool = False,
     chat_template: str | None = None,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """An app serving ``llm``; its engine thread starts now and stops with the app.
 
@@ -116,7 +117,16 @@ def create_app(
             flags of the same names (default: any origin).
         chat_template: The Jinja chat template of chat requests that give none (default: the
             model's own), as vLLM's ``--chat-template``.
+        enable_auto_tool_choice: Serve ``tool_choice="auto"`` (vLLM's
+            ``--enable-auto-tool-choice``): calls the model starts are guided and parsed.
+        tool_call_parser: The tool-call format (vLLM's ``--tool-call-parser``: ``hermes``,
+            ``llama3_json``, ``mistral``, ``pythonic``); default: the one the chat template
+            teaches (see :mod:`guidedec.server.tool_calls`).
+
+    Raises:
+        ValueError: an unknown ``tool_call_parser``.
     """
+    tool_settings = ToolSettings(enable_auto_tool_choice, tool_call_parser)
     engine = AsyncEngine(llm)
     name = model_name or llm.model.name
 
@@ -137,7 +147,7 @@ def create_app(
         allow_credentials=allow_credentials,
     )
     app.state.engine = engine
-    api = _Api(llm, engine, name, default_max_tokens, chat_template)
+    api = _Api(llm, engine, name, default_max_tokens, chat_template, tool_settings)
     _add_error_handlers(app, api.metrics)
 
     app.get("/health")(api.health)
@@ -213,9 +223,11 @@ class _Api:
         name: str,
         default_max_tokens: int | None,
         chat_template: str | None,
+        tool_settings: ToolSettings,
     ) -> None:
         self.llm, self.engine, self.name = llm, engine, name
         self.default_max_tokens, self.chat_template = default_max_tokens, chat_template
+        self.tool_settings = tool_settings
         self.metrics = ServerMetrics(name)
         # The most characters one token covers: a prompt longer than that many per context
         # position is refused before it is tokenized.
@@ -255,7 +267,13 @@ class _Api:
         if body.messages is not None:
             if body.tools is not None:
                 check_tools(body.tools)
-            text = self._render(body.messages, body.tools, None, None, body.add_generation_prompt)
+            text = self._render(
+                body.messages,
+                body.tools,
+                body.chat_template,
+                body.chat_template_kwargs,
+                body.add_generation_prompt,
+            )
             tokens = self.llm.tokenizer.encode(text)
         else:
             assert body.prompt is not None
@@ -314,7 +332,18 @@ class _Api:
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Any:
         self._check_request(body)
-        tools = (body.tools, body.tool_choice) if _calls_tools(body) else None
+        template = body.chat_template or self.chat_template or _hf(self.llm).chat_template
+        calls = self.tool_settings.for_request(
+            body.tools,
+            body.tool_choice,
+            parallel=body.parallel_tool_calls,
+            template=template,
+            guided_otherwise=bool(
+                body.response_format not in (None, {"type": "text"})
+                or body.structured_outputs
+                or body.top_level_guides()
+            ),
+        )
         prompt = self._render(
             body.messages,
             body.tools,
@@ -325,18 +354,16 @@ class _Api:
         max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None:
             max_tokens = self.default_max_tokens
-        [params], [prompt_ids] = await self._params_for(body, [prompt], max_tokens, tools=tools)
+        [params], [prompt_ids] = await self._params_for(body, [prompt], max_tokens, calls=calls)
         thought = self.llm.reasoning is not None and self.llm.reasoning.thinks_at_start(prompt_ids)
-        if tools and body.tool_choice == "required" and not body.parallel_tool_calls:
-            params = replace(params, guided_decoding=_one_call(params.guided_decoding))
         choices = expand([prompt], [params], body.n)
         shape = Shape("chatcmpl", "chat.completion", self.name, include_usage=body.include_usage)
         if body.stream:
-            return _sse(self._stream_chat(choices, shape, tools, len(prompt_ids), body, thought))
+            return _sse(self._stream_chat(choices, shape, calls, len(prompt_ids), body, thought))
         outputs = await self._collect(choices, request)
         rows = []
         for choice, output in zip(choices, outputs, strict=True):
-            message, reason = _chat_message(output, tools)
+            message, reason = _chat_message(output, calls)
             if self.llm.reasoning is not None:
                 message["reasoning_content"] = output.reasoning
             row: dict[str, Any] = {
@@ -403,20 +430,19 @@ class _Api:
         prompts: Sequence[Prompt],
         max_tokens: int | None,
         *,
-        tools: Any = None,
+        calls: ToolCalls | None = None,
     ) -> tuple[list[SamplingParams], list[list[int]]]:
         """Each prompt's sampling parameters (the guide compiled once) and its tokens."""
         guide = guide_for_request(
             response_format=body.response_format,
             structured_outputs=body.structured_outputs,
-            tools=tools[0] if tools else None,
-            tool_choice=tools[1] if tools else None,
+            tool_guide=None if calls is None else calls.guide(),
             top_level=body.top_level_guides(),
         )
         ids = [await asyncio.to_thread(self._check_prompt, p) for p in prompts]
         params = [self._sampling(body, len(i), max_tokens, guide) for i in ids]
         if guide is not None:
-            await self._compile(guide, _guide_param(body, tools))
+            await self._compile(guide, _guide_param(body, calls))
         return params, ids
 
     def _sampling(
@@ -540,7 +566,7 @@ class _Api:
         self,
         choices: Sequence[Choice],
         shape: Shape,
-        tools: Any,
+        calls: ToolCalls | None,
         prompt_tokens: int,
         body: ChatCompletionRequest,
         thought: bool,
@@ -553,7 +579,7 @@ class _Api:
             )
             for c in choices
         }
-        calls = {c.index: ToolCallStream(_named_tool(tools)) for c in choices} if tools else {}
+        streams = {c.index: ToolCallStream(calls) for c in choices} if calls else {}
         outputs: list[RequestOutput] = []
         async for choice, delta in merged(self.engine, choices):
             output = delta.output
@@ -561,13 +587,12 @@ class _Api:
             thinking, piece = stream.push(delta.token_ids, output)
             reason: str | None = None if output is None else output.finish_reason
             message: dict[str, Any] = {"reasoning_content": thinking} if thinking else {}
-            if tools:
-                tool_calls = calls[choice.index].deltas(stream.content.sent)
-                if tool_calls:
-                    message["tool_calls"] = tool_calls
-                named = _named_tool(tools) is not None
-                if reason == "stop" and calls[choice.index].num_calls and not named:
-                    reason = "tool_calls"
+            if calls:
+                tools = streams[choice.index]
+                text, tool_calls = tools.deltas(stream.content.sent, final=reason is not None)
+                message |= {"content": text} if text else {}
+                message |= {"tool_calls": tool_calls} if tool_calls else {}
+                reason = reason and calls.finish_reason(reason, tools.num_calls)
             elif piece:
                 message["content"] = piece
             if not (message or reason):
@@ -602,45 +627,17 @@ def _chat_choice(index: int, delta: dict[str, Any], reason: str | None) -> dict[
     return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
 
 
-def _chat_message(output: RequestOutput, tools: Any) -> tuple[dict[str, Any], str]:
-    """The assistant message, with ``tool_calls`` when the request constrained it to tools:
-    ``finish_reason`` ``tool_calls`` for ``"required"``, ``stop`` for a named function (as
-    OpenAI and vLLM), ``length`` for a call that closing ended."""
-    if tools and output.complete:
-        try:
-            calls = parse_tool_calls(output.text, tools=tools[0], tool_choice=tools[1])
-        except ValueError:
-            calls = None
-        if calls:
-            reason: str = output.finish_reason
-            if reason == "stop" and _named_tool(tools) is None:
-                reason = "tool_calls"  # OpenAI's: "stop" for a named function, as the model's
-            return {"role": "assistant", "content": None, "tool_calls": calls}, reason
+def _chat_message(output: RequestOutput, calls: ToolCalls | None) -> tuple[dict[str, Any], str]:
+    """The assistant message, with the ``tool_calls`` read out of a tools request's output
+    (OpenAI's finish reasons: ``tool_calls``, ``stop`` for a named function, ``length`` for a
+    call that closing ended)."""
+    if calls is not None and output.complete:
+        content, tool_calls = calls.message(output.text)
+        if tool_calls:
+            reason = calls.finish_reason(output.finish_reason, len(tool_calls))
+            return {"role": "assistant", "content": content, "tool_calls": tool_calls}, reason
+        return {"role": "assistant", "content": content}, output.finish_reason
     return {"role": "assistant", "content": output.text}, output.finish_reason
-
-
-def _named_tool(tools: Any) -> str | None:
-    """The tool ``tool_choice`` names (the output is its arguments), None for ``"required"``."""
-    choice = tools[1]
-    if isinstance(choice, dict):
-        return str(choice["function"]["name"])
-    return None
-
-
-def _one_call(guide: GuidedDecodingParams | None) -> GuidedDecodingParams:
-    """The ``"required"`` tool-call guide (a JSON array of calls) limited to one call."""
-    assert guide is not None and isinstance(guide.guide, str)
-    return GuidedDecodingParams(json_schema={**json.loads(guide.guide), "maxItems": 1})
-
-
-def _calls_tools(body: ChatCompletionRequest) -> bool:
-    """Whether the request's ``tool_choice`` asks for a call (with tools or without: the guide
-    then says why it cannot be). Tools beside ``"auto"``/``"none"`` are checked all the same."""
-    if body.tool_choice not in (None, "none", "auto"):
-        return True
-    if body.tools is not None:
-        check_tools(body.tools)
-    return False
 
 
 _SAMPLING_FIELDS = frozenset(
@@ -648,8 +645,8 @@ _SAMPLING_FIELDS = frozenset(
 )
 
 
-def _guide_param(body: _Request, tools: Any) -> str:
-    if tools:
+def _guide_param(body: _Request, calls: ToolCalls | None) -> str:
+    if calls:
         return "tools"
     if body.structured_outputs:
         return "structured_outputs"

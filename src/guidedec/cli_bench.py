@@ -2,9 +2,10 @@
 
 Each benchmark is a module of :mod:`guidedec.bench`, installed with the package: ``compliance``,
 ``apply``, ``closing``, ``decoder``, ``disk-cache``, ``e2e``, ``fill``, ``jump-forward``,
-``quality`` (answer quality on a real model), ``robustness``, ``window``, and ``vllm`` (where
-vLLM is installed), plus ``gil``, ``gpu-apply`` and ``graphs``. The ones that read the public
-test data find it beside a source checkout (``../shared/data``) or in ``$GUIDEDEC_DATA``.
+``quality`` (answer quality on a real model), ``robustness``, ``tools`` (BFCL tool calls on a
+real model, against vLLM's server), ``window``, and ``vllm`` (where vLLM is installed), plus
+``gil``, ``gpu-apply`` and ``graphs``. The ones that read the public test data find it beside a
+source checkout (``../shared/data``) or in ``$GUIDEDEC_DATA``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ MODULES = {
     "jump-forward": "jump_forward",
     "quality": "quality",
     "robustness": "robustness",
+    "tools": "tools",
     "vllm": "vllm",
     "window": "window",
 }

@@ -4,11 +4,14 @@ charts (matplotlib's object API, no display needed)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from guidedec.bench.environment import environment
 
 
 def grouped_bars(
@@ -54,6 +57,21 @@ def write_report(out: Path, name: str, report: dict[str, Any]) -> Path:
     path = out / f"{name}.json"
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     return path
+
+
+def write_scores(
+    out: Path, name: str, tallies: Mapping[str, Any], outputs: Mapping[str, Any], text: str
+) -> None:
+    """An answer-quality benchmark's ``out/name.json`` (each mode's tally, its outputs and the
+    environment) and ``out/summary.md`` (``text``)."""
+    report = {
+        "argv": sys.argv[1:],
+        **environment(),
+        "results": {mode: vars(t) for mode, t in tallies.items()},
+        "outputs": dict(outputs),
+    }
+    write_report(out, name, report)
+    write_summary(out, text)
 
 
 def write_summary(out: Path, text: str) -> Path:

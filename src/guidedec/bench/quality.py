@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guidedec.bench.environment import environment
 from guidedec.bench.extraction_set import (
     EXTRACTION,
     FIELDS,
@@ -37,7 +36,7 @@ from guidedec.bench.extraction_set import (
     instruction,
     record_schema,
 )
-from guidedec.bench.plots import write_report, write_summary
+from guidedec.bench.plots import write_scores
 from guidedec.bench.text import plain
 from guidedec.engine.gguf import SMOLLM2
 from guidedec.engine.llm import LLM
@@ -195,14 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     text = summary(tallies, args.model, args.max_tokens)
     print(text)
     if args.out is not None:
-        report = {
-            "argv": sys.argv[1:],
-            **environment(),
-            "results": {name: vars(t) for name, t in tallies.items()},
-            "outputs": details,
-        }
-        write_report(args.out, "bench_quality", report)
-        write_summary(args.out, text)
+        write_scores(args.out, "bench_quality", tallies, details, text)
 
 
 if __name__ == "__main__":

@@ -122,8 +122,11 @@ class ToolCalls:
 
 
 def new_call(name: str, arguments: str) -> dict[str, Any]:
-    """An OpenAI tool call, its arguments as compact JSON text."""
-    text = json.dumps(json.loads(arguments), ensure_ascii=False) if arguments else "{}"
+    """An OpenAI tool call, its arguments as compact JSON text (as written where they are no
+    JSON: a guide makes them JSON, text cut by a ``stop`` string may not be)."""
+    text = arguments or "{}"
+    if _is_json(text):
+        text = json.dumps(json.loads(text), ensure_ascii=False)
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",

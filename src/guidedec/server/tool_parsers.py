@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -45,7 +46,7 @@ class Piece:
     closed: bool = False
 
 
-class ToolParser:
+class ToolParser(ABC):
     """A tool-call format for a request's tools: its guide, and its scanner."""
 
     name: ClassVar[str]
@@ -55,14 +56,14 @@ class ToolParser:
     def __init__(self, tool_names: Sequence[str] = ()) -> None:
         self.tool_names = tuple(tool_names)
 
+    @abstractmethod
     def guide(self, tools: Schemas, choice: str, *, parallel: bool) -> dict[str, Any]:
         """The structural tag (xgrammar's ``format``) of ``choice``: ``"auto"``,
         ``"required"`` or a tool's name."""
-        raise NotImplementedError
 
+    @abstractmethod
     def scan(self, text: str) -> list[Piece]:
         """The output so far as text and calls, in order; their texts make up ``text``."""
-        raise NotImplementedError
 
     separator: ClassVar[str] = ""
     """Text between two calls (not content)."""

@@ -19,6 +19,7 @@ from guidedec.server.tool_calls import (
     TOOL_PARSERS,
     ToolSettings,
     detect_parser,
+    new_call,
     strict_schema,
     tool_calls_for,
 )
@@ -256,3 +257,10 @@ def test_the_format_is_told_from_the_chat_template(
 
 def test_the_cli_offers_every_format() -> None:
     assert tuple(sorted(TOOL_PARSERS)) == TOOL_CALL_PARSERS
+
+
+def test_arguments_that_are_no_json_come_back_as_written() -> None:
+    assert new_call("f", '{"a":  1}')["function"]["arguments"] == '{"a": 1}'
+    assert new_call("f", '{"a": tru')["function"]["arguments"] == '{"a": tru'
+    assert new_call("f", "")["function"]["arguments"] == "{}"
+    assert new_call("f", "{}")["id"] != new_call("f", "{}")["id"]

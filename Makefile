@@ -69,7 +69,8 @@ bench: $(STAMP)
 	$(PY) -m guidedec bench window --out $(BENCH_OUT)/window
 	$(PY) -m guidedec bench robustness --out $(BENCH_OUT)/robustness
 	$(PY) -m guidedec bench jump-forward --out $(BENCH_OUT)/jump-forward
-	$(PY) -m guidedec bench quality --backends auto xgrammar --out $(BENCH_OUT)/quality
+	$(PY) -m guidedec bench quality $(if $(wildcard $(VLLM_VENV)/bin/python),--vllm $(VLLM_VENV)/bin/python) \
+		--out $(BENCH_OUT)/quality
 
 bench-compliance: $(STAMP)
 	$(PY) -m guidedec bench compliance $(DATA)/jsonschemabench/*.jsonl \

@@ -42,7 +42,7 @@ import openai
 
 from guidedec.bench import bfcl
 from guidedec.bench.plots import write_scores
-from guidedec.bench.quality import wilson
+from guidedec.bench.quality.report import wilson
 from guidedec.bench.text import plain
 from guidedec.engine.chat import TOOLS_INSTRUCTION, TOOLS_PREAMBLE
 from guidedec.engine.gguf import SMOLLM2, converted

@@ -60,6 +60,13 @@ test: lint
 DATA ?= ../shared/data
 BENCH_OUT ?= bench-out
 
+# Answer quality: guidedec's modes against the peers on every task, then guidedec's options on
+# three of them (`guidedec bench quality` with no --modes runs every mode on every task).
+QUALITY_MODES := unguided guided "closed objects" "think first" vllm "vllm + guidedec" \
+	"transformers + xgrammar"
+QUALITY_ABLATIONS := guided xgrammar compact "no jump-forward" tight "tight, no closing"
+QUALITY_ABLATION_TASKS := extraction "bfcl simple_python" puzzles
+
 bench: $(STAMP)
 	$(PY) -m guidedec bench apply --out $(BENCH_OUT)/apply
 	$(PY) -m guidedec bench decoder --out $(BENCH_OUT)/decoder
@@ -69,8 +76,11 @@ bench: $(STAMP)
 	$(PY) -m guidedec bench window --out $(BENCH_OUT)/window
 	$(PY) -m guidedec bench robustness --out $(BENCH_OUT)/robustness
 	$(PY) -m guidedec bench jump-forward --out $(BENCH_OUT)/jump-forward
-	$(PY) -m guidedec bench quality $(if $(wildcard $(VLLM_VENV)/bin/python),--vllm $(VLLM_VENV)/bin/python) \
+	$(PY) -m guidedec bench quality --modes $(QUALITY_MODES) \
+		$(if $(wildcard $(VLLM_VENV)/bin/python),--vllm $(VLLM_VENV)/bin/python) \
 		--out $(BENCH_OUT)/quality
+	$(PY) -m guidedec bench quality --modes $(QUALITY_ABLATIONS) --tasks $(QUALITY_ABLATION_TASKS) \
+		--out $(BENCH_OUT)/quality-modes
 
 bench-compliance: $(STAMP)
 	$(PY) -m guidedec bench compliance $(DATA)/jsonschemabench/*.jsonl \

@@ -120,7 +120,9 @@ def sweep(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> set[Site]:
 
     def run() -> list[tuple[list[int], str, str | None]]:
         decoder = llm.decoder
-        decoder.closer = BudgetCloser(llm.tokenizer, decoder.max_num_sequences)
+        decoder.closer = BudgetCloser(
+            llm.tokenizer, decoder.max_num_sequences, margin=decoder.closer.margin
+        )
         return [_outcome(o) for o in llm.generate(prompts, params)]
 
     alone = [_outcome(llm.generate([p], [s])[0]) for p, s in scenario.healthy]

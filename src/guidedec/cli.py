@@ -164,6 +164,12 @@ def _add_guides(run: argparse.ArgumentParser) -> None:
         help="the output is one of these: one per --choice (--choice yes --choice no)",
     )
     guides.add_argument("--structural-tag", metavar="FILE", help="a structural tag JSON file")
+    run.add_argument(
+        "--think-first",
+        action="store_true",
+        help="with --json-schema (an object or an array) or --json: free text may come before "
+        "the value; it is printed as the reasoning",
+    )
 
 
 def _add_engine(run: argparse.ArgumentParser) -> None:

@@ -48,10 +48,19 @@ class RunResult:
 
 
 def load_guide(args: argparse.Namespace) -> Guide:
-    """The guide the options ask for; CliError when a file cannot be read or parsed."""
+    """The guide the options ask for; CliError when a file cannot be read or parsed, or
+    ``--think-first`` goes with another guide."""
+    think = bool(getattr(args, "think_first", False))
+    if think and args.json_schema is None and not args.json:
+        raise CliError("--think-first goes with --json-schema or --json")
     if args.json_schema is not None:
         schema = load_schema(args.json_schema)
-        return Guide(GuidedDecodingParams(json_schema=schema), schema)
+        try:
+            return Guide(GuidedDecodingParams(json_schema=schema, think_first=think), schema)
+        except ValueError as exc:
+            raise CliError(f"--think-first: {exc}") from exc
+    if think:
+        return Guide(GuidedDecodingParams(json_object=True, think_first=True))
     if args.structural_tag is not None:
         text = read_text(args.structural_tag, "structural tag")
         tag = _json_object(text, f"structural tag file {args.structural_tag}")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from guidedec.bench import bfcl
 from guidedec.bench.extraction_set import EXTRACTION, FIELDS, SCHEMA, record_schema
-from guidedec.bench.quality import tight
+from guidedec.bench.quality import main, tight
 from guidedec.bench.quality.puzzles import PUZZLES, answer_in, same
 from guidedec.bench.quality.report import overview, tally, task_table, wilson
 from guidedec.bench.quality.runners import Job, Output
@@ -31,6 +31,7 @@ from guidedec.bench.quality.tasks import (
     first_object,
     load_tasks,
     puzzle_task,
+    python_calls,
 )
 
 
@@ -141,9 +142,24 @@ def test_calls_are_read_from_an_array_an_object_or_prose() -> None:
     assert calls_in(json.dumps([one, one])) == [("f", {"x": 1})] * 2
     assert calls_in(json.dumps(one)) == [("f", {"x": 1})]
     assert calls_in(f"I will call {json.dumps(one)} now") == [("f", {"x": 1})]
+    cut = json.dumps([one, {**one, "name": "g"}, one])[:-20]
+    assert calls_in(cut) == [("f", {"x": 1}), ("g", {"x": 1})]
+    assert calls_in("Calls: " + cut) == [("f", {"x": 1}), ("g", {"x": 1})]
     assert calls_in('{"x": 1}') is None
     assert calls_in("[]") is None
     assert calls_in("no calls") is None
+
+
+def test_an_unguided_answer_in_python_is_read_with_its_parameters_named() -> None:
+    task = bfcl_task("simple_python", 1)
+    item = task.items[0]  # calculate_triangle_area(base=10, height=5, unit="units")
+    assert python_calls("area = calculate_triangle_area(10, h=5)", item.truth.names) == [
+        ("calculate_triangle_area", ([10], {"h": 5}))
+    ]
+    assert task.judge("Call `calculate_triangle_area(10, 5)` to get it.", item).right == 1
+    assert task.judge("calculate_triangle_area(base=10, height=6)", item).right == 0
+    assert task.judge("unknown_function(10, 5) or calculate_triangle_area(", item).found is False
+    assert python_calls("calculate_triangle_area(base=x)", item.truth.names) is None
 
 
 def test_the_puzzles_are_120_distinct_questions_with_their_answers() -> None:
@@ -186,13 +202,14 @@ def test_a_tally_counts_right_found_valid_and_forced() -> None:
     assert t.forced == 0.5 and [r["right"] for r in rows] == [1, 0, 0]
     table = task_table(task, {"guided": t})
     assert "| guided | 1/3 (33%) |" in table and "| 1 (50%) |" in table
+    assert t.right_valid == 1 and "| 2/3 | 1/3 | 1 (50%) |" in table
     assert "33% (2/3 valid)" in overview([task], {task.name: {"guided": t}})
 
 
 def test_tight_budgets_are_three_quarters_of_the_guided_tokens() -> None:
-    job = Job([[1], [2], [3]], [{}, {}, {}], [96, 96, 96])
-    outputs = [Output("", n, "stop") for n in (8, 3, 40)]
-    assert tight(job, outputs).budgets == [6, 2, 30]
+    job = Job([[1], [2], [3], [4]], [{}, {}, {}, {}], [96, 96, 96, 96])
+    outputs = [Output("", n, "stop") for n in (8, 3, 7, 1)]
+    assert tight(job, outputs).budgets == [6, 3, 6, 2]
 
 
 @given(st.integers(0, 500), st.integers(1, 500))
@@ -210,17 +227,21 @@ def test_load_tasks_cuts_each_task_to_the_limit() -> None:
 
 
 def test_a_real_run_writes_its_report_and_guided_outputs_are_valid(tmp_path: Path) -> None:
-    """Four puzzles on the real model: guidedec guided and transformers with xgrammar's
-    processor; every guided output parses under its schema."""
+    """Four puzzles on the real model: guidedec guided, thinking first, and transformers with
+    xgrammar's processor; every guided output parses under its schema."""
     command = [sys.executable, "-m", "guidedec", "bench", "quality", "--tasks", "puzzles"]
-    command += ["--limit", "4", "--modes", "guided", "transformers + xgrammar"]
+    command += ["--limit", "4", "--modes", "guided", "think first", "transformers + xgrammar"]
     done = subprocess.run(
         [*command, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "bench_quality.json").read_text())
     results = report["results"]["puzzles"]
-    for mode in ("guided", "transformers + xgrammar"):
+    for mode in ("guided", "think first", "transformers + xgrammar"):
         assert results[mode]["outputs"] == results[mode]["valid"] == 4, results[mode]
     assert (tmp_path / "quality.png").stat().st_size > 0
-    assert "| guided |" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| guided |" in summary
+    again = tmp_path / "again"
+    main(["--rescore", str(tmp_path / "bench_quality.json"), "--out", str(again)])
+    assert (again / "summary.md").read_text() == summary  # the same judges, the same tables

@@ -304,6 +304,33 @@ def test_stop_strings_and_a_reasoning_model_from_the_command_line(
     assert record["token_ids"].index(128822) == 5
 
 
+def test_think_first_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--think-first``: the free text is the record's reasoning, the text the value; with
+    another guide it is refused, naming the option."""
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+    argv = [
+        "generate",
+        "--json-schema",
+        schema,
+        "--think-first",
+        "--temperature",
+        "1",
+        "--seed",
+        "0",
+    ]
+    status, out, err = run_cli(capsys, *argv, "--max-tokens", "40", "--jsonl", "Think:")
+    assert status == 0, err
+    record = json.loads(out)
+    assert isinstance(json.loads(record["text"])["n"], int)
+    assert record["reasoning"] and "{" not in record["reasoning"]
+    status, out, err = run_cli(capsys, "generate", "--regex", "a+", "--think-first", "Hi")
+    assert status != 0 and "--think-first goes with --json-schema or --json" in err
+    status, out, err = run_cli(
+        capsys, "generate", "--json-schema", '{"type": "string"}', "--think-first", "Hi"
+    )
+    assert status != 0 and "an object or an array" in err
+
+
 def test_export_model_writes_a_folder_that_loads_as_the_same_model(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -20,6 +20,7 @@ NAMES = (
     "jump-forward",
     "vllm",
     "quality",
+    "quality-modes",
 )
 
 

@@ -4,11 +4,15 @@ A request that carries ``tokens_left`` (the tokens it may still emit, the one sa
 row included) gets, near the end of its budget, a *witness* for its current grammar state: a
 short completion that ends with a stop token, found through the matcher API by
 :class:`guidedec.decoder.completion.CompletionSearch`. While the witness leaves more than
-``MARGIN`` tokens of room the row keeps the grammar's mask and the model writes what it wants;
+``margin`` tokens of room the row keeps the grammar's mask and the model writes what it wants;
 once it does not, the row allows the witness's next token only, and the output follows the
 witness to its stop token. A witness stays valid while the output follows it, so a forced step
-costs no search. In between, the engine checks each token the model samples
-(:meth:`BudgetCloser.admits`): one after which no completion fits is drawn again without it.
+costs no search. The engine checks each token the model samples inside the window
+(:meth:`BudgetCloser.admits`): one after which no completion fits is drawn again without it,
+and after ``MAX_RESAMPLES`` such draws the witness's next token is taken. So the engine needs no
+margin and forces no row (``margin`` 0): the model keeps every choice of its own after which a
+completion fits, and only the tokens no choice of its could replace are the witness's. A logits
+processor, which cannot draw again, forces rows within ``MARGIN``.
 
 Before it searches, the closer replays the witnesses it found lately for the same guide
 (``RECENT_KEPT``): the outputs of one guide pass through the same states, and a replay is exact
@@ -111,6 +115,13 @@ class BudgetCloser:
     num_slots: int
     stats: ClosingStats = field(default_factory=ClosingStats)
     sized_windows: bool = True  # False: every guide's window is WINDOW (a benchmark's baseline)
+    margin: int = MARGIN
+    """Room a witness must leave for the row to keep the grammar's mask; with less the row is
+    forced to the witness. ``MARGIN`` where nothing checks the sampled token (a logits
+    processor); the engine sets 0: it checks every token sampled inside the window
+    (:meth:`admits`) and takes the witness's next token only when no draw leaves a completion
+    that fits (:meth:`fallback`), so the model keeps each choice of its own that fits,
+    a value's digits and words included."""
 
     def __post_init__(self) -> None:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
@@ -200,7 +211,7 @@ class BudgetCloser:
             room = left - len(witness)
             state.next_search = left - max(0, room - MARGIN) // 3
         state.witness = witness
-        if len(witness) > left - MARGIN:
+        if len(witness) > left - self.margin:
             token = witness[0]
             words[:] = 0
             words[token >> 5] = token_word(token)
@@ -226,7 +237,7 @@ class BudgetCloser:
             rest = witness[1:]
         else:
             return None
-        if not rest or len(rest) <= left - MARGIN:
+        if not rest or len(rest) <= left - self.margin:
             return None
         if req.guided_decoding_params is not state.guide:
             self._meet(req.guided_decoding_params, state)
@@ -407,15 +418,34 @@ class BudgetCloser:
                 return known
         began = time.perf_counter()
         witness = self._search.witness(matcher, left, words=self._words[key])
-        self.stats.search_s += time.perf_counter() - began
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes
+        if witness is None and params.answer_opener is not None:
+            witness = self._after_opener(params.answer_opener, matcher, left, key)
+        self.stats.search_s += time.perf_counter() - began
         if witness is not None and start:
             self._starts[key] = witness
         if witness is not None and witness not in recent:
             recent.insert(0, witness)
             del recent[RECENT_KEPT:]
         return witness
+
+    def _after_opener(
+        self, opener: str, matcher: GrammarMatcher, left: int, key: object
+    ) -> list[int] | None:
+        """A ``think_first`` guide's witness from its free text: the value's opener, then a
+        search's completion of the value (the search proper finds none there: every token of
+        free text leads back to the same state, and it prunes them all as cycles)."""
+        assert self._search is not None
+        encoded = self._encoded(opener)
+        if len(encoded) != 1 or left < 2 or not matcher.accept_token(encoded[0]):
+            return None
+        try:
+            rest = self._search.witness(matcher, left - 1, words=self._words[key])
+            self.stats.nodes += self._search.nodes
+        finally:
+            matcher.rollback(1)
+        return None if rest is None else [encoded[0], *rest]
 
     def _key(self, params: GuidedDecodingParams) -> object:
         """The guide's cache key (the requests of one guide often share their params)."""

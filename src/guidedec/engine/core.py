@@ -70,6 +70,7 @@ from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.stop_strings import stop_string_start
 from guidedec.engine.validation import OutputValidator
 from guidedec.errors import REQUEST_ERRORS
+from guidedec.grammar.closed_objects import closed_guide
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 
@@ -116,6 +117,8 @@ class EngineCore:
         # The backends' and closing's tokenizer tables, ~1 s each of Python that holds the GIL:
         # now, not beside the first guided requests' steps (they would stall every request).
         self.factory.warm_up()
+        # The engine checks each sampled token (steering.check_sampled): no row is forced.
+        self.decoder.closer.margin = 0
         self.decoder.closer.warm_up()
         self.decoder.rules.warm_up()
         if cuda_graphs and speculator is None:  # decode steps replay; the rest run eagerly
@@ -129,6 +132,7 @@ class EngineCore:
             self.validator, lambda: self.decoder.closer.vocab().structural
         )
         self.step_times: deque[StepTimes] = deque(maxlen=STEP_TIMES_KEPT)
+        self.disable_additional_properties = False  # LLM's option of the name
         self.overlap = overlap
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-build")
         self._requests: dict[int, Request] = {}
@@ -655,7 +659,15 @@ class EngineCore:
             # The forced tokens are the content's last ones (closing acts after thinking).
             unforced = len(content) - (len(request.output_token_ids) - request.forced_from)
             closed_from = len(self.tokenizer.decode(content[: max(unforced, 0)]))
-        return request.output(self.tokenizer.decode(content), reasoning, closed_from)
+        text = self.tokenizer.decode(content)
+        guide = request.params.guided_decoding
+        opener = None if guide is None else guide.answer_opener
+        if opener is not None and reasoning is None:  # think_first: the thought, the value
+            at = text.find(opener)
+            if at > 0:
+                reasoning, text = text[:at], text[at:]
+                closed_from = None if closed_from is None else max(0, closed_from - at)
+        return request.output(text, reasoning, closed_from)
 
     def _hand_off(self, req: Request) -> None:
         assert req.slot is not None
@@ -672,6 +684,12 @@ class EngineCore:
                 req.handoff_cache = None
 
     def _new_request(self, prompt: TokenizedPrompt, params: SamplingParams) -> Request:
+        guide = params.guided_decoding
+        if guide is not None and self.disable_additional_properties:
+            closed = closed_guide(guide)
+            params = (
+                params if closed is guide else dataclasses.replace(params, guided_decoding=closed)
+            )
         request = Request(
             self._new_id(), prompt.text, prompt.token_ids, params, make_generator(params)
         )

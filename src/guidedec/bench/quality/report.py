@@ -18,6 +18,7 @@ class Tally:
 
     right: int = 0
     units: int = 0
+    right_valid: int = 0  # units right in outputs that are valid: usable as they come
     outputs: int = 0
     found: int = 0
     valid: int = 0
@@ -44,11 +45,21 @@ def tally(
         t.outputs += 1
         t.found += verdict.found
         t.valid += verdict.valid
+        t.right_valid += verdict.right if verdict.valid else 0
         t.tokens += out.tokens
         if out.forced is not None:
             t.closed += 1
             t.forced += out.forced
-        rows.append({"id": item.id, "text": out.text, "finish": out.finish, "right": verdict.right})
+        rows.append(
+            {
+                "id": item.id,
+                "text": out.text,
+                "finish": out.finish,
+                "tokens": out.tokens,
+                "forced": out.forced,
+                "right": verdict.right,
+            }
+        )
     return t, rows
 
 
@@ -68,16 +79,17 @@ def task_table(task: Task, tallies: Mapping[str, Tally]) -> str:
     lines = [
         f"#### {task.name} ({len(task.items)} items, {task.unit}; max_tokens {task.max_tokens})",
         "",
-        f"| mode | {task.unit} right | 95% interval | answer found | valid | closed (forced "
-        "share) | tokens per output | seconds |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        f"| mode | {task.unit} right | 95% interval | answer found | valid | right and valid | "
+        "closed (forced share) | tokens per output | seconds |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, t in tallies.items():
         low, high = wilson(t.right, t.units)
         closed = f"{t.closed} ({t.forced / t.closed:.0%})" if t.closed else "0"
         lines.append(
             f"| {mode} | {t.right}/{t.units} ({t.accuracy:.0%}) | {low:.0%} to {high:.0%} | "
-            f"{t.found}/{t.outputs} | {t.valid}/{t.outputs} | {closed} | "
+            f"{t.found}/{t.outputs} | {t.valid}/{t.outputs} | {t.right_valid}/{t.units} | "
+            f"{closed} | "
             f"{t.tokens / max(1, t.outputs):.1f} | {t.seconds:.0f} |"
         )
     return "\n".join(lines)
@@ -85,7 +97,9 @@ def task_table(task: Task, tallies: Mapping[str, Tally]) -> str:
 
 def overview(tasks: Sequence[Task], results: Mapping[str, Mapping[str, Tally]]) -> str:
     """Accuracy (and valid rate) of every mode on every task."""
-    modes = list(next(iter(results.values())).keys()) if results else []
+    seen = dict.fromkeys(m for task in results.values() for m in task)
+    known = list(MODES)
+    modes = sorted(seen, key=lambda m: known.index(m) if m in known else len(known))
     lines = [
         "| mode | " + " | ".join(t.name for t in tasks) + " |",
         "|---|" + "---:|" * len(tasks),

@@ -55,6 +55,7 @@ def guidedec_llm(model: str, mode: Mode) -> LLM:
         jump_forward=None if mode.jump_forward else False,
         max_num_seqs=BATCH,
         isolate_compiles=False,
+        disable_additional_properties=mode.closed,
     )
 
 
@@ -64,7 +65,11 @@ def run_guidedec(llm: LLM, mode: Mode, job: Job) -> tuple[list[Output], float]:
         SamplingParams(
             max_tokens=budget,
             temperature=0.0,
-            guided_decoding=GuidedDecodingParams(json_schema=schema) if mode.guided else None,
+            guided_decoding=(
+                GuidedDecodingParams(json_schema=schema, think_first=mode.think_first)
+                if mode.guided
+                else None
+            ),
             close_within_budget=mode.closing,
         )
         for schema, budget in zip(job.schemas, job.budgets, strict=True)

@@ -12,16 +12,18 @@ follow, and a judge of the answer.
 
 Every output is judged the same way, guided or not: the answer is the whole output where that
 parses as JSON, else the first JSON value in it that has the answer's shape (unguided replies
-wrap it in prose or code fences), else nothing. An output is *valid* when the whole of it is
-JSON its schema admits.
+wrap it in prose or code fences; of an array cut short, the items it completed), else, for
+BFCL, the calls it writes in Python (``f(a=1)``), else nothing. An output is *valid* when the
+whole of it is JSON its schema admits.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,15 +195,23 @@ def bfcl_messages(question: bfcl.Question) -> list[dict[str, Any]]:
 
 
 def calls_in(text: str) -> list[tuple[str, Any]] | None:
-    """The calls an output makes: a JSON array of ``{"name", "arguments"}`` objects, or one
-    such object (None: neither)."""
+    """The calls an output makes: a JSON array of ``{"name", "arguments"}`` objects (of one
+    cut short, every call it completed), or one such object (None: neither)."""
 
     def is_call(v: Any) -> bool:
         return isinstance(v, dict) and "name" in v
 
-    value = whole_or_first(
-        text, lambda v: is_call(v) or (isinstance(v, list) and bool(v) and all(map(is_call, v)))
-    )
+    try:
+        value: Any = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+        for match in re.finditer(r"[\[{]", text):
+            found = _array_items(text, match.start()) if match.group() == "[" else None
+            if found is None:
+                found = _one_value(text, match.start())
+            if is_call(found) or (isinstance(found, list) and found and all(map(is_call, found))):
+                value = found
+                break
     if is_call(value):
         value = [value]
     if not (isinstance(value, list) and value and all(map(is_call, value))):
@@ -209,8 +219,85 @@ def calls_in(text: str) -> list[tuple[str, Any]] | None:
     return [(str(call["name"]), call.get("arguments", {})) for call in value]
 
 
+def _one_value(text: str, start: int) -> Any:
+    try:
+        return json.JSONDecoder().raw_decode(text, start)[0]
+    except json.JSONDecodeError:
+        return None
+
+
+def _array_items(text: str, start: int) -> list[Any] | None:
+    """The items of the JSON array at ``start``: all of them, or those it completed before it
+    was cut short (None: not one)."""
+    decoder, items, at = json.JSONDecoder(), [], start + 1
+    while True:
+        at = len(text) - len(text[at:].lstrip())
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        items.append(value)
+        at = len(text) - len(text[at:].lstrip())
+        if text[at : at + 1] != ",":
+            break
+        at += 1
+    return items or None
+
+
+def python_calls(text: str, names: Mapping[str, str]) -> list[tuple[str, Any]] | None:
+    """The calls an output writes in Python (``f(a=1)``, ``math.f(2)``: how an unguided small
+    model often answers) of the functions in ``names`` (OpenAI name -> the question's own), as
+    ``(name, arguments)``; positional arguments take the parameters' order. None: none."""
+    known = {own: name for name, own in names.items()} | {name: name for name in names}
+    calls = []
+    for match in re.finditer(r"[A-Za-z_][\w.]*\(", text):
+        name = match.group()[:-1]
+        if name not in known:
+            continue
+        call = _python_call(text, match.start())
+        if call is None:
+            continue
+        args, kwargs = call
+        calls.append((known[name], (args, kwargs)))
+    return calls or None
+
+
+def _python_call(text: str, start: int) -> tuple[list[Any], dict[str, Any]] | None:
+    """The literal arguments of the call that starts at ``start`` (None: not one)."""
+    depth = 0
+    for end in range(text.index("(", start), len(text)):
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        if depth == 0:
+            break
+    else:
+        return None
+    try:
+        node = ast.parse(text[start : end + 1], mode="eval").body
+        assert isinstance(node, ast.Call)
+        args = [ast.literal_eval(a) for a in node.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+    except (SyntaxError, ValueError, AssertionError, TypeError, MemoryError, RecursionError):
+        return None
+    return args, kwargs
+
+
+def _named_arguments(
+    calls: list[tuple[str, Any]], question: bfcl.Question
+) -> list[tuple[str, Any]]:
+    """Python calls' positional arguments named after their function's parameters."""
+    tools = {t["function"]["name"]: t["function"] for t in bfcl.request_tools(question)}
+    named = []
+    for name, (args, kwargs) in calls:
+        order = list(tools[name]["parameters"].get("properties", {}))
+        named.append((name, {**dict(zip(order, args, strict=False)), **kwargs}))
+    return named
+
+
 def _judge_bfcl(text: str, item: Item) -> Verdict:
     calls = calls_in(text)
+    if calls is None:  # an unguided answer in Python
+        written = python_calls(text, item.truth.names)
+        calls = None if written is None else _named_arguments(written, item.truth)
     right = calls is not None and bfcl.correct(calls, item.truth)
     return Verdict(int(right), calls is not None, schema_valid(text, item.schema))
 
@@ -244,7 +331,7 @@ TASKS = ("extraction", *(f"bfcl {c}" for c in BFCL_CATEGORIES), "puzzles")
 
 SIZES = {"extraction": 60, "puzzles": 120}
 """Items per task by default (a BFCL category: ``BFCL_ITEMS``)."""
-BFCL_ITEMS = 40
+BFCL_ITEMS = 30
 
 
 def load_tasks(names: Sequence[str], limit: int | None = None) -> list[Task]:

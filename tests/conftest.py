@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 import guidedec.decoder.completion
 import summary
 from guidedec import (
+    LLM,
     GrammarMatcherFactory,
     GuidedDecodingConfig,
     TokenizerInfo,
@@ -141,6 +142,20 @@ def model(request: pytest.FixtureRequest) -> LoadedModel:
 def model64() -> LoadedModel:
     """tiny-random in float64."""
     return load_model(TINY_RANDOM, dtype="float64")
+
+
+@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
+def engine64(request: pytest.FixtureRequest) -> Iterator[LLM]:
+    """An engine on tiny-random in float64, on each backend, compiling in its own process."""
+    engine = LLM(
+        TINY_RANDOM,
+        backend=request.param,
+        max_num_seqs=4,
+        dtype=torch.float64,
+        isolate_compiles=False,
+    )
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(params=BACKENDS)

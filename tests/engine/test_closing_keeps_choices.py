@@ -5,11 +5,9 @@ processor, which cannot draw again, forces the witness within ``MARGIN``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
-import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.decoder.closing import MARGIN
@@ -26,17 +24,9 @@ RECORD = {
 }
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
-def llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
-    engine = LLM(
-        "tiny-random",
-        backend=request.param,
-        max_num_seqs=4,
-        dtype=torch.float64,
-        isolate_compiles=False,
-    )
-    yield engine
-    engine.close()
+@pytest.fixture
+def llm(engine64: LLM) -> LLM:
+    return engine64
 
 
 def _run(llm: LLM, margin: int) -> list[tuple[str, int | None]]:

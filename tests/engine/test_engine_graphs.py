@@ -34,6 +34,7 @@ from guidedec.engine.graphs import (
 )
 from guidedec.engine.model import TINY_RANDOM, LoadedModel, load_model
 from guidedec.engine.runner import ForwardInput, KVState, ModelRunner, SlotRunner
+from guidedec.grammar.matcher import REJECTED
 from guidedec.testing import bitmask_to_bool_mask, feed_tokens, next_token_mask
 
 PROMPT = [1000 + 37 * i for i in range(10)]
@@ -452,6 +453,8 @@ def test_a_failure_inside_a_replay_finishes_only_its_request() -> None:
                 # Every accept says no: the checked one and the sampled token's (advance).
                 reject = lambda token: False  # noqa: E731
                 matcher.accept_token = matcher.advance = reject  # type: ignore[method-assign,union-attr]
+                rejected = lambda token, bitmask, index: REJECTED  # noqa: E731
+                matcher.advance_and_fill = rejected  # type: ignore[method-assign,union-attr]
             done.update((out.request_id, out) for out in llm.step())
         results[sabotage] = [done[i] for i in ids]
         llm.close()

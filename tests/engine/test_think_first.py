@@ -4,11 +4,9 @@ the engine returns the text as ``reasoning`` and the value as ``text``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
-import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.grammar.params import GuideType
@@ -52,17 +50,9 @@ def test_think_first_with_another_guide_or_value_is_refused(
         GuidedDecodingParams(**fields, think_first=True)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
-def llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
-    engine = LLM(
-        "tiny-random",
-        backend=request.param,
-        max_num_seqs=4,
-        dtype=torch.float64,
-        isolate_compiles=False,
-    )
-    yield engine
-    engine.close()
+@pytest.fixture
+def llm(engine64: LLM) -> LLM:
+    return engine64
 
 
 @pytest.mark.parametrize("schema", [PERSON, CALLS], ids=["object", "array"])

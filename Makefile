@@ -62,7 +62,7 @@ BENCH_OUT ?= bench-out
 
 # Answer quality: guidedec's modes against the peers on every task, then guidedec's options on
 # three of them (`guidedec bench quality` with no --modes runs every mode on every task).
-QUALITY_MODES := unguided guided "closed objects" "think first" vllm "vllm + guidedec" \
+QUALITY_MODES := unguided guided "open objects" "think first" vllm "vllm + guidedec" \
 	"transformers + xgrammar"
 QUALITY_ABLATIONS := guided xgrammar compact "no jump-forward" tight "tight, no closing"
 QUALITY_ABLATION_TASKS := extraction "bfcl simple_python" puzzles

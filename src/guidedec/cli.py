@@ -200,6 +200,14 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         "--whitespace", default="flexible", choices=["flexible", "compact"], help="JSON whitespace"
     )
     run.add_argument(
+        "--disable-additional-properties",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="close each JSON-schema object that names its properties to others (outputs stay "
+        "valid; a small model writes fewer wrong arguments); --no-...: the schema's language "
+        "as written",
+    )
+    run.add_argument(
         "--no-approximate",
         dest="approximate",
         action="store_false",

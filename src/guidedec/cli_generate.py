@@ -134,6 +134,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
             speculative=args.speculative,
             num_draft_tokens=args.num_draft_tokens,
             json_whitespace=args.whitespace,
+            disable_additional_properties=getattr(args, "disable_additional_properties", True),
             overlap=getattr(args, "overlap", True),
             approximate=getattr(args, "approximate", True),
             cuda_graphs=getattr(args, "cuda_graphs", False),

@@ -331,6 +331,25 @@ def test_think_first_from_the_command_line(capsys: pytest.CaptureFixture[str]) -
     assert status != 0 and "an object or an array" in err
 
 
+@pytest.mark.parametrize("flag", [None, "--no-disable-additional-properties"])
+def test_objects_are_closed_unless_the_command_line_says_not(
+    capsys: pytest.CaptureFixture[str], flag: str | None
+) -> None:
+    """By default an object that names its properties gets no others (the engine's
+    ``disable_additional_properties``); ``--no-disable-additional-properties`` keeps the
+    schema's language, where a random model at temperature 1 writes keys of its own."""
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    argv = ["generate", "--json-schema", schema, "--whitespace", "compact", "--jsonl"]
+    argv += ["--temperature", "1", "--seed", "0", "--max-tokens", "48"]
+    prompts = [f"Object {i}:" for i in range(8)]
+    status, out, err = run_cli(capsys, *argv, *([flag] if flag else []), *prompts)
+    assert status == 0, err
+    keys = set()
+    for line in out.splitlines():
+        keys |= set(json.loads(json.loads(line)["text"]))
+    assert (keys <= {"a"}) is (flag is None), keys
+
+
 def test_export_model_writes_a_folder_that_loads_as_the_same_model(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -58,18 +58,19 @@ def test_the_guide_is_rewritten_and_other_guides_are_kept() -> None:
     assert closed_guide(open_object) is open_object
 
 
-@pytest.mark.parametrize("disable", [True, False])
-def test_the_engine_writes_no_unnamed_property_with_the_option(disable: bool) -> None:
+@pytest.mark.parametrize("disable", [True, False, None], ids=["on", "off", "default"])
+def test_the_engine_writes_no_unnamed_property_with_the_option(disable: bool | None) -> None:
     """A random model at temperature 1 writes keys of its own into an object that allows them;
-    with the option it writes none."""
+    with the option (the default) it writes none."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    option = {} if disable is None else {"disable_additional_properties": disable}
     llm = LLM(
         "tiny-random",
         max_num_seqs=4,
         dtype=torch.float64,
         isolate_compiles=False,
         json_whitespace="compact",
-        disable_additional_properties=disable,
+        **option,  # type: ignore[arg-type]
     )
     guide = GuidedDecodingParams(json_schema=schema)
     params = [
@@ -82,4 +83,4 @@ def test_the_engine_writes_no_unnamed_property_with_the_option(disable: bool) ->
     for out in outputs:
         assert out.complete, out
         keys |= set(json.loads(out.text))
-    assert (keys <= {"a"}) is disable, keys
+    assert (keys <= {"a"}) is (disable is not False), keys

@@ -162,6 +162,20 @@ def test_sync_after_rollback_equals_fresh_processor(tok: TokenizerInfo) -> None:
     assert len({m.sum().item() for m in expected}) > 1
 
 
+@pytest.mark.parametrize("disable", [None, True, False], ids=["default", "on", "off"])
+def test_objects_are_closed_unless_asked_not_to_be(
+    tok: TokenizerInfo, disable: bool | None
+) -> None:
+    """``disable_additional_properties`` (on by default, as in the engine): after the one
+    property an object names, no ``,`` opens another."""
+    guide = GuidedDecodingParams(json_schema={"type": "object", "properties": {"a": {}}})
+    option = {} if disable is None else {"disable_additional_properties": disable}
+    proc = GuidedLogitsProcessor(guide, tok, prompt_length=1, **option)  # type: ignore[arg-type]
+    (comma,) = tok.encode(",")
+    masked = _mask(proc, [5], tok.encode('{"a":1'), tok.vocab_size)
+    assert bool(masked[comma]) is (disable is not False)
+
+
 def test_finished_row_is_left_unmasked(tok: TokenizerInfo) -> None:
     tokens = [*tok.encode("yes"), tok.eos_token_id]
     proc = GuidedLogitsProcessor(GuidedDecodingParams(choice=["yes"]), tok)

@@ -266,6 +266,25 @@ def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
     assert engines.factory.create(params).backend == "llguidance"
 
 
+@pytest.mark.parametrize("close", [None, True, False])
+def test_objects_are_closed_unless_the_option_says_not(model_dir: Path, close: bool | None) -> None:
+    """``disable_additional_properties`` (on by default, as in guidedec's engine) closes an
+    object that names its properties; off, the request's guide is its own."""
+    options = {} if close is None else {"disable_additional_properties": close}
+    processor = GuidedLogitsProcessor(_vllm_config(model_dir, options), "cpu", False)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    params = SimpleNamespace(extra_args={"guidedec": {"json_schema": schema}})
+    processor.update_state(
+        vllm.v1.sample.logits_processor.BatchUpdate(1, [], [(0, params, [1], [])], [])
+    )
+    guide = json.loads(str(processor.rows[0].guide.guide))
+    assert guide.get("additionalProperties") is (False if close is not False else None)
+    with pytest.raises(ValueError, match="disable_additional_properties must be true or false"):
+        GuidedLogitsProcessor(
+            _vllm_config(model_dir, {"disable_additional_properties": "yes"}), "cpu", False
+        )
+
+
 def test_the_backends_are_built_when_the_processor_is(model_dir: Path) -> None:
     """Both backends of ``auto`` are built at engine start (their views of the tokenizer), not
     by the first guide that needs each one, inside a step."""

@@ -38,7 +38,13 @@ PLAN = FaultPlan()
 def client() -> Iterator[openai.OpenAI]:
     with pytest.MonkeyPatch.context() as patch:
         pin_timing(patch, timed=False)  # the same calls whatever the load (no timed fills)
-        llm = LLM("tiny-random", max_num_seqs=4, isolate_compiles=False, mask_time_limit_ms=None)
+        llm = LLM(
+            "tiny-random",
+            max_num_seqs=4,
+            isolate_compiles=False,
+            mask_time_limit_ms=None,
+            disable_additional_properties=False,  # the guide stays the one the plan names
+        )
         # The server's guides become GuidedDecodingParams with the schema as canonical JSON.
         inject(llm, PLAN, [GuidedDecodingParams(json_schema=FAULTY)])
         for url in serve(create_app(llm)):

@@ -237,6 +237,24 @@ def test_strict_tools_close_their_objects() -> None:
         assert calls.schemas["f"].get("additionalProperties") is expected
 
 
+def test_the_engine_s_option_closes_every_tool_s_objects() -> None:
+    """``close_objects`` (the engine's ``disable_additional_properties``, on by default) closes
+    a tool's arguments without ``strict``; a tool whose objects combine (``allOf``) is left."""
+    plain = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    combined = {"allOf": [plain, {"type": "object", "properties": {"b": {}}}]}
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": plain}},
+        {"type": "function", "function": {"name": "g", "parameters": combined}},
+    ]
+    for close, expected in ((True, False), (False, None)):
+        calls = ToolSettings(close_objects=close).for_request(
+            tools, "required", parallel=True, template=None
+        )
+        assert calls is not None
+        assert calls.schemas["f"].get("additionalProperties") is expected
+        assert calls.schemas["g"] == combined
+
+
 @pytest.mark.parametrize(
     ("template", "expected"),
     [

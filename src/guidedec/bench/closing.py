@@ -6,14 +6,15 @@ JSON schemas from the shared JSONSchemaBench subsets (``--schemas`` per subset, 
 that both backends compile) plus regex, EBNF and choice guides, with ``max_tokens`` of 24, 40
 and 64 and ``--seeds`` seeds each. Both modes run the same requests in the same engine, their
 order alternating per round. Reported per mode: outputs whose grammar completed within the
-budget (complete: ``stop``, or ``grammar_error`` because the engine's check found the output
-breaks a schema the backend only approximates), per budget too; ``stop`` outputs that validate
-(``jsonschema`` for a schema, ``re.fullmatch`` for the regex; the others ended ``stop`` under
-their grammar) and those that do not (the engine's check should leave none); outputs cut at
-``length``, and those of the cut whose note says no completion fitted; wall milliseconds per
-generated token; for closing the search time, searches, forced rows and redraws. Targets: 100%
-complete with closing wherever a completion fits the budget; no ``stop`` output that breaks
-its schema.
+budget (complete: ``stop``; closed, ``length`` with ``closed_from``, its end chosen by the
+budget; or ``grammar_error`` because the engine's check found the output breaks a schema the
+backend only approximates), per budget too; complete outputs that validate (``jsonschema`` for
+a schema, ``re.fullmatch`` for the regex; the others ended under their grammar), how many of
+them closing ended, and those that do not validate (the engine's check should leave none);
+outputs cut at ``length``, and those of the cut whose note says no completion fitted; wall
+milliseconds per generated token; for closing the search time, searches, forced rows and
+redraws. Targets: 100% complete with closing wherever a completion fits the budget; no
+complete output that breaks its schema.
 
 Run: ``HF_HUB_OFFLINE=1 guidedec bench closing``
 """
@@ -55,9 +56,10 @@ OTHER_GUIDES = {
 
 @dataclass
 class Tally:
-    complete: int = 0  # the grammar complete within the budget: "stop", or a schema error
-    valid: int = 0  # "stop" and valid
-    invalid_stop: int = 0  # "stop" but breaks its schema (must stay 0)
+    complete: int = 0  # the grammar complete within the budget: complete, or a schema error
+    valid: int = 0  # complete ("stop", or closed by the budget) and valid
+    invalid_stop: int = 0  # complete but breaks its schema (must stay 0)
+    closed: int = 0  # complete, its end chosen by the budget ("length" with closed_from)
     schema_errors: int = 0  # complete, broke the schema: "grammar_error" naming where
     cut: int = 0
     no_fit: int = 0
@@ -140,13 +142,14 @@ def run_mode(llm: LLM, batch: list[tuple[str, Any, SamplingParams]], tally: Tall
         schema_error = out.finish_reason == "grammar_error" and "breaks its schema" in (
             out.error or ""
         )
-        if out.finish_reason == "stop" or schema_error:
+        if out.complete or schema_error:
             counts[0] += 1
             tally.complete += 1
-        if out.finish_reason == "stop":
+        if out.complete:
             valid = is_valid(name, schema, out.text)
             tally.valid += valid
             tally.invalid_stop += not valid
+            tally.closed += out.closed_from is not None
         elif schema_error:
             tally.schema_errors += 1
         elif out.finish_reason == "length":
@@ -191,9 +194,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "| mode | complete | "
         + " | ".join(f"complete at {b}" for b in BUDGETS)
-        + " | stop, valid | stop, invalid | schema error | cut (length) "
-        "| cut, no completion fitted | other | ms per token |",
-        "|---|---:|" + "---:|" * len(BUDGETS) + "---:|---:|---:|---:|---:|---:|---:|",
+        + " | complete, valid | of which closed | complete, invalid | schema error "
+        "| cut (length) | cut, no completion fitted | other | ms per token |",
+        "|---|---:|" + "---:|" * len(BUDGETS) + "---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, t in tallies.items():
         per_budget = " | ".join(
@@ -201,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         lines.append(
             f"| {mode} | {100 * t.complete / total:.1f}% | {per_budget} "
-            f"| {100 * t.valid / total:.1f}% | {t.invalid_stop} | {t.schema_errors} | {t.cut} "
+            f"| {100 * t.valid / total:.1f}% | {t.closed} | {t.invalid_stop} | {t.schema_errors} "
+            f"| {t.cut} "
             f"| {t.no_fit} | {t.other} | {1e3 * t.seconds / max(1, t.tokens):.3f} |"
         )
     on = tallies["closing"]
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{total} ({100 * on.complete / total:.1f}%); {on.no_fit} cut where the search found no "
         f"completion that fits (its completions are short, not always the shortest: such an "
         f"output may have had one)",
-        f"target: no output ends stop and breaks its schema: {on.invalid_stop} with closing, "
+        f"target: no complete output breaks its schema: {on.invalid_stop} with closing, "
         f"{tallies['off'].invalid_stop} off; {on.schema_errors} complete outputs broke a schema "
         f"the backend approximates and ended grammar_error naming where",
     ]

@@ -132,7 +132,7 @@ class EngineCore:
             self.validator, lambda: self.decoder.closer.vocab().structural
         )
         self.step_times: deque[StepTimes] = deque(maxlen=STEP_TIMES_KEPT)
-        self.disable_additional_properties = False  # LLM's option of the name
+        self.disable_additional_properties = True  # LLM's option of the name
         self.overlap = overlap
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-build")
         self._requests: dict[int, Request] = {}

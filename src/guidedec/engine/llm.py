@@ -72,10 +72,12 @@ class LLM(EngineCore):
         compile_timeout_s: A guide that takes longer to compile fails its request.
         json_whitespace: ``"flexible"`` (bounded runs) or ``"compact"`` JSON whitespace.
         disable_additional_properties: Close each JSON-schema object that names its properties
-            to properties it does not name, as vLLM's option of the name, xgrammar's strict mode
-            and OpenAI's strict schemas do (see :mod:`guidedec.grammar.closed_objects`); outputs
-            stay valid under the schema as written. A small model otherwise writes extra
-            arguments into tool calls (see the docs' answer quality section).
+            to properties it does not name (default), as vLLM's option of the name, xgrammar's
+            strict mode (vLLM's default guide) and OpenAI's strict schemas do (see
+            :mod:`guidedec.grammar.closed_objects`); outputs stay valid under the schema as
+            written, and a small model writes no extra arguments into its tool calls (see the
+            docs' answer quality section). ``False``: the schema's language exactly as
+            written.
         overlap: Build each step's masks while its forward runs (see
             :mod:`guidedec.engine.core`); the outputs are the same either way.
         approximate: With ``backend="auto"``, guide a JSON schema that no backend enforces
@@ -133,7 +135,7 @@ class LLM(EngineCore):
         compile_cache_dir: str | os.PathLike[str] | None = None,
         jump_forward: bool | None = None,
         reasoning_parser: ReasoningParserName | None = None,
-        disable_additional_properties: bool = False,
+        disable_additional_properties: bool = True,
     ) -> None:
         spec = parse_speculative(speculative)
         if jump_forward is None:  # on, unless a draft model drafts, graphs are to be replayed

@@ -23,6 +23,7 @@ import transformers
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
 from guidedec.errors import REQUEST_ERRORS
+from guidedec.grammar.closed_objects import closed_guide
 from guidedec.grammar.config import BackendName, GuidedDecodingConfig, WhitespaceMode
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
@@ -51,6 +52,9 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
             :class:`~guidedec.GuidedDecodingConfig`.
         prompt_length: Tokens of ``input_ids`` that belong to the prompt (the same for every
             row: pad prompts on the left). Default: the width of ``input_ids`` at the first call.
+        disable_additional_properties: Close each JSON-schema object that names its
+            properties to others, as guidedec's engine does by default (see
+            :mod:`guidedec.grammar.closed_objects`); ``False``: each guide as written.
 
     Vocabulary width: the bitmask always covers exactly the width ``V`` of ``scores``. A
     ``TokenizerInfo`` whose ``vocab_size`` differs from ``V`` is re-wrapped with
@@ -79,8 +83,11 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
         vocab_size: int | None = None,
         json_whitespace: WhitespaceMode = "flexible",
         prompt_length: int | None = None,
+        disable_additional_properties: bool = True,
     ) -> None:
         self._guides = _check_guides(guides)
+        if disable_additional_properties:
+            self._guides = _closed(self._guides)
         if vocab_size is not None and vocab_size <= 0:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         if prompt_length is not None and prompt_length < 0:
@@ -245,6 +252,14 @@ class GuidedLogitsProcessor(transformers.LogitsProcessor):
             if matcher.is_terminated():
                 return False
         return True
+
+
+def _closed(
+    guides: GuidedDecodingParams | list[GuidedDecodingParams | None],
+) -> GuidedDecodingParams | list[GuidedDecodingParams | None]:
+    if isinstance(guides, GuidedDecodingParams):
+        return closed_guide(guides)
+    return [None if g is None else closed_guide(g) for g in guides]
 
 
 def _check_guides(guides: Guides) -> GuidedDecodingParams | list[GuidedDecodingParams | None]:

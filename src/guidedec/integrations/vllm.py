@@ -14,8 +14,11 @@ with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"gu
 ``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
 strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
 "auto", "auto_prefers": "xgrammar", "json_whitespace": "flexible", "fill_mode": "auto",
-"fill_threads": None, "out_of_place": True}}`` (``--additional-config`` on ``vllm serve``; those
-are the defaults, and an unknown option is an error). ``auto_prefers: "llguidance"`` gives JSON
+"fill_threads": None, "out_of_place": True, "disable_additional_properties": True}}``
+(``--additional-config`` on ``vllm serve``; those are the defaults, and an unknown option is an
+error). ``disable_additional_properties`` closes each JSON-schema object that names its
+properties to others, as guidedec's engine does by default and vLLM's own xgrammar guides do
+(:mod:`guidedec.grammar.closed_objects`). ``auto_prefers: "llguidance"`` gives JSON
 guides the backend guidedec's own engine tries first (it jumps forward; vLLM does not).
 
 **The step.** vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each forward, with
@@ -84,6 +87,7 @@ from guidedec.decoder.row_rules import RowRules
 from guidedec.decoder.rows import DEAD_END, RequestError
 from guidedec.errors import REQUEST_ERRORS, GuidedecError
 from guidedec.grammar.batch_fill import BatchFiller
+from guidedec.grammar.closed_objects import closed_guide
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
@@ -151,6 +155,7 @@ ENGINE_OPTIONS = (
     "fill_mode",
     "fill_threads",
     "out_of_place",
+    "disable_additional_properties",
 )
 """The keys of ``additional_config["guidedec"]`` (:class:`~guidedec.GuidedDecodingConfig`'s)."""
 
@@ -225,6 +230,12 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
                 f"got {out_of_place!r}"
             )
         out_of_place = out_of_place and not processed
+        self.close_objects = options.get("disable_additional_properties", True)
+        if not isinstance(self.close_objects, bool):
+            raise ValueError(
+                f"additional_config[{EXTRA_KEY!r}].disable_additional_properties must be true "
+                f"or false, got {self.close_objects!r}"
+            )
         self.mask_buffer: MaskBuffer | None = MaskBuffer() if out_of_place else None
         self.max_model_len = int(getattr(model, "max_model_len", 0) or 0)
         self._num_slots = int(vllm_config.scheduler_config.max_num_seqs)
@@ -301,6 +312,8 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             guide, closing = request_options(params)
             if guide is None:
                 continue
+            if self.close_objects:
+                guide = closed_guide(guide)
             row = _Row(guide, output, self._matcher(guide, closing))
             if closing and self._free_slots:
                 row.closing_slot = self._free_slots.pop()

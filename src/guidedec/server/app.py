@@ -126,7 +126,11 @@ def create_app(
     Raises:
         ValueError: an unknown ``tool_call_parser``.
     """
-    tool_settings = ToolSettings(enable_auto_tool_choice, tool_call_parser)
+    tool_settings = ToolSettings(
+        enable_auto_tool_choice,
+        tool_call_parser,
+        close_objects=llm.disable_additional_properties,
+    )
     engine = AsyncEngine(llm)
     name = model_name or llm.model.name
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from guidedec.engine.chat import renders_tools
+from guidedec.grammar.closed_objects import close_objects
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.schema_walk import map_subschemas
 from guidedec.server.structured import (
@@ -145,7 +146,9 @@ def _is_json(text: str) -> bool:
 @dataclass(frozen=True)
 class ToolSettings:
     """The server's tool-call flags: vLLM's ``--enable-auto-tool-choice`` and
-    ``--tool-call-parser`` (None: the chat template's format).
+    ``--tool-call-parser`` (None: the chat template's format); ``close_objects``: the engine's
+    ``disable_additional_properties``, which closes the arguments' objects of every tool (see
+    :mod:`guidedec.grammar.closed_objects`), not only those of ``strict`` tools.
 
     Raises:
         ValueError: an unknown parser name.
@@ -153,6 +156,7 @@ class ToolSettings:
 
     enable_auto: bool = False
     parser: str | None = None
+    close_objects: bool = False
 
     def __post_init__(self) -> None:
         if self.parser is not None and self.parser not in TOOL_PARSERS:
@@ -175,7 +179,12 @@ class ToolSettings:
             tool_choice = "none"
         parser = self.parser or detect_parser(template)
         return tool_calls_for(
-            tools, tool_choice, parallel=parallel, parser=parser, auto_enabled=self.enable_auto
+            tools,
+            tool_choice,
+            parallel=parallel,
+            parser=parser,
+            auto_enabled=self.enable_auto,
+            close_all=self.close_objects,
         )
 
 
@@ -186,10 +195,13 @@ def tool_calls_for(
     parallel: bool,
     parser: str | None,
     auto_enabled: bool,
+    close_all: bool = False,
 ) -> ToolCalls | None:
     """The request's :class:`ToolCalls`, or None when its output is not about tools
     (``"none"``, or no tools). ``tool_choice`` absent with tools means ``"auto"`` (OpenAI's
-    default). ``parser``: the format's name, None for guidedec's JSON.
+    default). ``parser``: the format's name, None for guidedec's JSON. ``close_all``:
+    every tool's objects closed (:func:`guidedec.grammar.closed_objects.close_objects`), as the
+    engine's ``disable_additional_properties``; a ``strict`` tool's are closed regardless.
 
     Raises:
         RequestError: malformed tools or choice; ``"auto"`` without ``auto_enabled`` or a
@@ -204,7 +216,11 @@ def tool_calls_for(
     if tool_choice == "auto" and not (auto_enabled and parser):
         raise RequestError(AUTO_NEEDS, "tool_choice")
     strict = {
-        name: strict_schema(schema) if _is_strict(tools, name) else schema
+        name: strict_schema(schema)
+        if _is_strict(tools, name)
+        else close_objects(schema)
+        if close_all
+        else schema
         for name, schema in named.items()
     }
     choice = chosen if chosen is not None else str(tool_choice)

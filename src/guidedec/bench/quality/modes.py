@@ -25,7 +25,7 @@ class Mode:
     tight: bool = False
     closing: bool = True
     think_first: bool = False
-    closed: bool = False
+    closed: bool = True
     describe: str = ""
 
 
@@ -33,17 +33,20 @@ MODES = {
     m.name: m
     for m in (
         Mode("unguided", guided=False, describe="no guide; the answer read out of the reply"),
-        Mode("guided", describe="guidedec's defaults: auto backend, flexible whitespace"),
+        Mode(
+            "guided",
+            describe="guidedec's defaults: auto backend, flexible whitespace, objects closed",
+        ),
         Mode(
             "think first",
             think_first=True,
             describe="free text before the JSON value (GuidedDecodingParams(think_first=True))",
         ),
         Mode(
-            "closed objects",
-            closed=True,
-            describe="LLM(disable_additional_properties=True): no property the schema "
-            "does not name",
+            "open objects",
+            closed=False,
+            describe="LLM(disable_additional_properties=False): a property the schema does "
+            "not name allowed where JSON Schema allows it",
         ),
         Mode("xgrammar", backend="xgrammar", describe="the xgrammar backend"),
         Mode("llguidance", backend="llguidance", describe="the llguidance backend"),

@@ -462,14 +462,15 @@ class _FaultyProcessor(GuidedLogitsProcessor):
 
 @pytest.fixture(scope="module")
 def faulty_engine(model_dir: Path) -> Iterator[Any]:
-    """vLLM in this process (the test arms the processor's plan), llguidance as the backend."""
+    """vLLM in this process (the test arms the processor's plan), llguidance as the backend,
+    each guide as written."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Every run makes the same calls: the closing search's time limit is lifted.
         patch.setattr(guidedec.decoder.completion, "SLOW_SEARCH_S", math.inf)
-        llm = _vllm(
-            model_dir, _FaultyProcessor, additional_config={"guidedec": {"backend": "llguidance"}}
-        )
+        # The faults find their request by its guide as written: objects stay open.
+        options = {"backend": "llguidance", "disable_additional_properties": False}
+        llm = _vllm(model_dir, _FaultyProcessor, additional_config={"guidedec": options})
         yield llm
         del llm
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import COMMITTING_CASES, COMMITTING_GRAMMARS, JSON_CASES
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.closing import WINDOW, BudgetCloser, _rests
+from guidedec.decoder.closing import THINK_ROOM, WINDOW, BudgetCloser, _rests
 from guidedec.decoder.completion import (
     MAX_DEPTH,
     SLOW_SEARCH_S,
@@ -877,3 +877,28 @@ def test_each_rest_is_what_follows_the_token_s_text_in_the_witness_s(
         assert rests == [text[len(written) :]]
     elif solid and (solid in text or solid[-1] == text[:1]):
         assert rests
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_think_first_free_text_leaves_its_value_room_of_its_own(
+    make_factory: Callable[..., GrammarMatcherFactory], tokenizer: TokenizerInfo, backend: str
+) -> None:
+    """Inside a ``think_first`` output's free text a token is admitted only while the value's
+    shortest completion plus ``THINK_ROOM`` still fits after it, so the model writes its value
+    in its own style; the opener itself, and any token once the value is open, need no room."""
+    params = GuidedDecodingParams(json_schema=NAME_AGE, think_first=True)
+    matcher = make_factory(backend).create(params)
+    assert all(matcher.accept_token(t) for t in tokenizer.encode("Let me think"))
+    closer = BudgetCloser(tokenizer, num_slots=1)
+    witness = closer._find(params, matcher, 64)
+    assert witness is not None and witness[0] == tokenizer.encode("{")[0]
+    word, (opener,) = tokenizer.encode(" more")[0], tokenizer.encode("{")
+    need = len(witness) + THINK_ROOM + 1  # the word, then room, then the witness
+    assert closer.admits(0, matcher, params, word, need)
+    closer.forget(0)
+    assert not closer.admits(0, matcher, params, word, need - 1)
+    closer.forget(0)
+    assert closer.admits(0, matcher, params, opener, len(witness))
+    closer.forget(0)
+    assert all(matcher.accept_token(t) for t in tokenizer.encode('{"name": "a'))
+    assert closer.admits(0, matcher, params, tokenizer.encode("b")[0], len(witness))

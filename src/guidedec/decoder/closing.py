@@ -78,6 +78,9 @@ RECENT_SLACK = 8
 matters only where the budget is close."""
 ENCODINGS_KEPT = 4096
 """Texts whose encodings are kept (all are dropped when it fills)."""
+THINK_ROOM = 8
+"""Room a ``think_first`` output's free text leaves its value beyond the value's shortest
+completion: the model writes the value in its own style (whitespace, its own digits)."""
 
 
 @dataclass(slots=True)
@@ -312,8 +315,9 @@ class BudgetCloser:
             return True
         if matcher.is_terminated():
             return True
+        room = self._think_room(params, witness)
         tried = False  # most tokens leave the witness as it was (string content)
-        if witness and len(witness) < tokens_left:
+        if witness and len(witness) + room < tokens_left:
             tried = True
             if completes(matcher, [token, *witness]):  # one call checks both
                 state.after = (token, witness)
@@ -330,11 +334,20 @@ class BudgetCloser:
                 found = self._find(params, matcher, tokens_left - 1)
         finally:
             matcher.rollback(1)
-        if found is None:
+        if found is None or len(found) + self._think_room(params, found) > tokens_left - 1:
             self.stats.resampled += 1
             return False
         state.after = (token, found)
         return True
+
+    def _think_room(self, params: GuidedDecodingParams, witness: list[int] | None) -> int:
+        """``THINK_ROOM`` where ``witness`` opens a ``think_first`` value (the output is in its
+        free text), else 0."""
+        opener = params.answer_opener
+        if opener is None or not witness:
+            return 0
+        encoded = self._encoded(opener)
+        return THINK_ROOM if len(encoded) == 1 and witness[0] == encoded[0] else 0
 
     def fallback(self, slot: int, tokens_left: int) -> int | None:
         """The witness's next token for the slot's current state (its row, with ``tokens_left``

@@ -212,6 +212,15 @@ def test_guide_words_name_the_keys_and_literals(tokenizer: TokenizerInfo) -> Non
     assert guide_words(GuidedDecodingParams(json_object=True), tokenizer) == []
 
 
+def test_guide_words_read_keyword_named_properties_as_names(tokenizer: TokenizerInfo) -> None:
+    # BFCL tools name arguments "format", "enum", "required": their schemas are dicts where a
+    # keyword's value would be a string or a list
+    keywords = ("format", "enum", "const", "required")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keywords}}
+    words = guide_words(GuidedDecodingParams(json_schema=schema), tokenizer)
+    assert set(words) == {t for k in keywords for t in tokenizer.encode(k)}
+
+
 CALL_BEGIN = '<tool_call>\n{"name": "get_weather", "arguments": '
 CALLS_TAG = {
     "type": "structural_tag",

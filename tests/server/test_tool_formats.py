@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from guidedec import GrammarMatcherFactory, TokenizerInfo
 from guidedec.cli import TOOL_CALL_PARSERS
+from guidedec.grammar.closed_objects import close_every_object
 from guidedec.server.structured import RequestError
 from guidedec.server.tool_calls import (
     TOOL_PARSERS,
     ToolSettings,
     detect_parser,
     new_call,
-    strict_schema,
     tool_calls_for,
 )
 from guidedec.server.tool_stream import ToolCallStream
@@ -223,7 +223,7 @@ def test_strict_tools_close_their_objects() -> None:
         "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
         "$defs": {"X": {"type": "object", "properties": {"y": {}}, "additionalProperties": True}},
     }
-    closed = strict_schema(schema)
+    closed = close_every_object(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["a"]["additionalProperties"] is False
     assert closed["$defs"]["X"]["additionalProperties"] is True  # given: kept

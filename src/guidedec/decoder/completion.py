@@ -622,9 +622,9 @@ def _schema_words(node: Any, required: list[str], other: list[str], depth: int) 
             values = node.get(key)
             values = values if isinstance(values, list) else [values]
             other.extend(sorted((v for v in values if isinstance(v, str)), key=len))
-        example = FORMAT_EXAMPLES.get(node.get("format"))  # type: ignore[arg-type]
-        if example is not None:
-            other.append(example)
+        fmt = node.get("format")  # a dict where "format" names a property
+        if isinstance(fmt, str) and fmt in FORMAT_EXAMPLES:
+            other.append(FORMAT_EXAMPLES[fmt])
         for value in node.values():
             _schema_words(value, required, other, depth + 1)
     elif isinstance(node, list):

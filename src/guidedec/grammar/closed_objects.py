@@ -31,6 +31,13 @@ def close_objects(schema: Any) -> Any:
     return _closed(schema)
 
 
+def close_every_object(schema: Any) -> Any:
+    """``schema`` with each object that names its properties, and says nothing of others,
+    closed to others, combined or not: an OpenAI ``strict`` tool, whose caller asked for every
+    object closed. ``additionalProperties`` given explicitly is kept."""
+    return _closed(schema)
+
+
 def _closed(node: Any) -> Any:
     if not isinstance(node, dict):
         return node

@@ -72,11 +72,14 @@ class GuidedDecodingParams:
     _guide: Guide = field(init=False, repr=False, compare=False)
     _cache_key: Hashable | None = field(default=None, init=False, repr=False, compare=False)
     """Set by :func:`guidedec.grammar.cache.guide_cache_key` at its first call."""
+    _opener: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         guide_type, guide = _resolve(self)
         if self.think_first:
-            guide_type, guide = GuideType.STRUCTURAL_TAG, _thinking_tag(guide_type, guide)
+            guide, opener = _thinking_tag(guide_type, guide)
+            guide_type = GuideType.STRUCTURAL_TAG
+            object.__setattr__(self, "_opener", opener)
         object.__setattr__(self, "_type", guide_type)
         object.__setattr__(self, "_guide", guide)
 
@@ -95,10 +98,7 @@ class GuidedDecodingParams:
     def answer_opener(self) -> str | None:
         """With ``think_first``: the character the JSON value starts with (``{`` or ``[``);
         None otherwise."""
-        if not self.think_first:
-            return None
-        first = json.loads(str(self._guide))["format"]["elements"][1]["json_schema"]
-        return "[" if first.get("type") == "array" else "{"
+        return self._opener
 
     def __hash__(self) -> int:
         return hash((self._type, self._guide))
@@ -129,9 +129,9 @@ def _resolve(params: GuidedDecodingParams) -> tuple[GuideType, Guide]:
     return guide_type, _normalise(guide_type, value)
 
 
-def _thinking_tag(guide_type: GuideType, guide: Guide) -> str:
-    """The structural tag of a ``think_first`` guide: free text without the value's opener,
-    then the value."""
+def _thinking_tag(guide_type: GuideType, guide: Guide) -> tuple[str, str]:
+    """The structural tag of a ``think_first`` guide (free text without the value's opener,
+    then the value), and the opener."""
     if guide_type is GuideType.JSON_OBJECT:
         schema: Any = {"type": "object"}
     elif guide_type is GuideType.JSON_SCHEMA:
@@ -149,18 +149,18 @@ def _thinking_tag(guide_type: GuideType, guide: Guide) -> str:
             "think_first needs a schema whose value is an object or an array "
             f'("type": "object" or "array"), got type {kind!r}'
         )
-    opener = "\\[" if kind == "array" else "{"
+    opener = "[" if kind == "array" else "{"
     tag = {
         "type": "structural_tag",
         "format": {
             "type": "sequence",
             "elements": [
-                {"type": "regex", "pattern": f"[^{opener}]*"},
+                {"type": "regex", "pattern": "[^\\[]*" if kind == "array" else "[^{]*"},
                 {"type": "json_schema", "json_schema": schema},
             ],
         },
     }
-    return json.dumps(tag, ensure_ascii=False)
+    return json.dumps(tag, ensure_ascii=False), opener
 
 
 def _normalise(guide_type: GuideType, value: Any) -> Guide:

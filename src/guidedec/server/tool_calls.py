@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from guidedec.engine.chat import renders_tools
-from guidedec.grammar.closed_objects import close_objects
+from guidedec.grammar.closed_objects import close_every_object, close_objects
 from guidedec.grammar.params import GuidedDecodingParams
-from guidedec.grammar.schema_walk import map_subschemas
 from guidedec.server.structured import (
     RequestError,
     chosen_tool,
@@ -64,17 +63,6 @@ def detect_parser(template: str | None) -> str | None:
     if "<|python_tag|>" in template or '"parameters"' in template:
         return Llama3JsonParser.name
     return None
-
-
-def strict_schema(schema: Any) -> Any:
-    """``schema`` with every object that names its properties closed to others (OpenAI's
-    ``strict`` tools); ``additionalProperties`` given explicitly is kept."""
-    if not isinstance(schema, Mapping):
-        return schema
-    node = map_subschemas(dict(schema), strict_schema)
-    if "properties" in node and "additionalProperties" not in node:
-        node["additionalProperties"] = False
-    return node
 
 
 @dataclass(frozen=True)
@@ -216,7 +204,7 @@ def tool_calls_for(
     if tool_choice == "auto" and not (auto_enabled and parser):
         raise RequestError(AUTO_NEEDS, "tool_choice")
     strict = {
-        name: strict_schema(schema)
+        name: close_every_object(schema)
         if _is_strict(tools, name)
         else close_objects(schema)
         if close_all

@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 
 from guidedec.grammar.params import GuidedDecodingParams
+from guidedec.server.errors import BadRequestError
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "lark", "structural_tag", "json_object")
@@ -38,13 +39,9 @@ TOP_LEVEL_GUIDES = {
 ``structured_outputs`` key each means."""
 
 
-class RequestError(ValueError):
+class RequestError(BadRequestError):
     """Bad structured-output fields in a request (HTTP 400). The message names the field, e.g.
     ``"response_format.json_schema.schema must be an object"``; :attr:`param` is its path."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param: str | None = param
 
 
 def guide_for_request(

@@ -59,6 +59,7 @@ from guidedec.grammar.cache import guide_cache_key
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.schema_reach import MAX_REACH, guide_reach
+from guidedec.kept import Kept
 from guidedec.tokenizer import TokenizerInfo
 
 WINDOW = 64
@@ -66,7 +67,7 @@ WINDOW = 64
 MARGIN = 2
 """Room a witness must leave for the model to choose freely; with less the witness is forced."""
 GUIDES_KEPT = 1024
-"""Guides whose words and start results are kept (all are dropped when it fills)."""
+"""Guides whose words, window and witnesses are kept (all are dropped when it fills)."""
 REPLAY_SKIPS = 3
 """Leading tokens of the previous witness a replay may skip (the sampled token wrote them)."""
 KEYS_KEPT = 64
@@ -110,6 +111,17 @@ class _SlotState:
     forced_left: int | None = None  # tokens_left at the last row forced to the witness
 
 
+@dataclass(slots=True)
+class _GuideMemo:
+    """What closing learned of one guide."""
+
+    words: list[int] | None = None  # its words (guide_words), read at its first search
+    recent: list[list[int]] = field(default_factory=list)  # witnesses found lately
+    start: list[int] | None = None  # a witness of its initial state
+    start_no_fit: int = 0  # most tokens its initial state had no witness within
+    window: int | None = None  # see BudgetCloser.window
+
+
 @dataclass
 class BudgetCloser:
     """Per sequence slot: the witness of its last row and when to search again."""
@@ -129,13 +141,9 @@ class BudgetCloser:
     def __post_init__(self) -> None:
         self._slots = [_SlotState() for _ in range(self.num_slots)]
         self._search: CompletionSearch | None = None
-        self._words: dict[object, list[int]] = {}
-        self._recent: dict[object, list[list[int]]] = {}  # guide -> witnesses found lately
-        self._starts: dict[object, list[int]] = {}  # guide -> a witness of its initial state
-        self._keys: dict[int, tuple[GuidedDecodingParams, object]] = {}
-        self._start_no_fit: dict[object, int] = {}  # guide -> most tokens its start failed in
-        self._encodings: dict[str, list[int]] = {}  # text -> its token ids (see _respelled)
-        self._windows: dict[object, int] = {}  # guide -> its window
+        self._guides: Kept[object, _GuideMemo] = Kept(GUIDES_KEPT)  # by the guide's key
+        self._keys: Kept[int, tuple[GuidedDecodingParams, object]] = Kept(KEYS_KEPT)
+        self._encodings: Kept[str, list[int]] = Kept(ENCODINGS_KEPT)  # text -> its token ids
 
     def acts_within(self, slot: int, tokens_left: int, num_tokens: int) -> bool:
         """Whether closing may act on any of the slot's next ``num_tokens + 1`` rows, with
@@ -192,8 +200,8 @@ class BudgetCloser:
             params = req.guided_decoding_params
             assert params is not None
             start = req.new_token is None  # the guide's initial state (the context step)
-            key = self._key(params)
-            if start and self._start_no_fit.get(key, 0) >= left:
+            memo = self._memo(params)
+            if start and memo.start_no_fit >= left:
                 witness = None  # this guide's start had no completion within as many tokens
             else:
                 witness = self._find(params, matcher, left, start=start)
@@ -202,9 +210,7 @@ class BudgetCloser:
                 # completion seldom shrinks unless the model closes what it opened itself.
                 state.witness, state.incomplete, state.next_search = None, True, -1
                 if start:
-                    if len(self._start_no_fit) >= GUIDES_KEPT:
-                        self._start_no_fit.clear()
-                    self._start_no_fit[key] = max(self._start_no_fit.get(key, 0), left)
+                    memo.start_no_fit = max(memo.start_no_fit, left)
                 if self._search is not None and self._search.gave_up:
                     self.stats.searches_given_up += 1
                 else:
@@ -264,18 +270,14 @@ class BudgetCloser:
         commit an output to more than it has left."""
         if not self.sized_windows:
             return WINDOW
-        key = self._key(params)
-        known = self._windows.get(key)
-        if known is None:
+        memo = self._memo(params)
+        if memo.window is None:
             reach = guide_reach(params, lambda text: len(self._encoded(text)))
             if reach is None or reach >= MAX_REACH:  # unknown, or no finite completion seen
-                known = WINDOW
+                memo.window = WINDOW
             else:
-                known = max(WINDOW, reach + MARGIN + 1)
-            if len(self._windows) >= GUIDES_KEPT:
-                self._windows.clear()
-            self._windows[key] = known
-        return known
+                memo.window = max(WINDOW, reach + MARGIN + 1)
+        return memo.window
 
     def checks(self, slot: int, tokens_left: int) -> bool:
         """Whether a token sampled for the slot's last closed row, with ``tokens_left`` at that
@@ -396,9 +398,7 @@ class BudgetCloser:
         """``text``'s token ids; the rests a respelling encodes recur (``":""}``)."""
         known = self._encodings.get(text)
         if known is None:
-            if len(self._encodings) >= ENCODINGS_KEPT:
-                self._encodings.clear()
-            known = self._encodings[text] = self.tokenizer.encode(text)
+            known = self._encodings.put(text, self.tokenizer.encode(text))
         return known
 
     def _find(
@@ -412,16 +412,11 @@ class BudgetCloser:
         self._search.gave_up = False
         if left < 1:
             return None
-        key = self._key(params)
-        recent = self._recent.get(key)
-        if recent is None:
-            if len(self._words) >= GUIDES_KEPT:
-                self._words.clear()
-                self._recent.clear()
-                self._starts.clear()
-            self._words[key] = guide_words(params, self.tokenizer)
-            recent = self._recent[key] = []
-        first = self._starts.get(key) if start else None
+        memo = self._memo(params)
+        if memo.words is None:
+            memo.words = guide_words(params, self.tokenizer)
+        recent = memo.recent
+        first = memo.start if start else None
         if first is not None and len(first) <= left and completes(matcher, first):
             self.stats.recent_hits += 1
             return first
@@ -430,21 +425,21 @@ class BudgetCloser:
                 self.stats.recent_hits += 1
                 return known
         began = time.perf_counter()
-        witness = self._search.witness(matcher, left, words=self._words[key])
+        witness = self._search.witness(matcher, left, words=memo.words)
         self.stats.searches += 1
         self.stats.nodes += self._search.nodes
         if witness is None and params.answer_opener is not None:
-            witness = self._after_opener(params.answer_opener, matcher, left, key)
+            witness = self._after_opener(params.answer_opener, matcher, left, memo.words)
         self.stats.search_s += time.perf_counter() - began
         if witness is not None and start:
-            self._starts[key] = witness
+            memo.start = witness
         if witness is not None and witness not in recent:
             recent.insert(0, witness)
             del recent[RECENT_KEPT:]
         return witness
 
     def _after_opener(
-        self, opener: str, matcher: GrammarMatcher, left: int, key: object
+        self, opener: str, matcher: GrammarMatcher, left: int, words: list[int]
     ) -> list[int] | None:
         """A ``think_first`` guide's witness from its free text: the value's opener, then a
         search's completion of the value (the search proper finds none there: every token of
@@ -454,22 +449,26 @@ class BudgetCloser:
         if len(encoded) != 1 or left < 2 or not matcher.accept_token(encoded[0]):
             return None
         try:
-            rest = self._search.witness(matcher, left - 1, words=self._words[key])
+            rest = self._search.witness(matcher, left - 1, words=words)
             self.stats.nodes += self._search.nodes
         finally:
             matcher.rollback(1)
         return None if rest is None else [encoded[0], *rest]
+
+    def _memo(self, params: GuidedDecodingParams) -> _GuideMemo:
+        """What closing keeps of the guide, made at its first use."""
+        key = self._key(params)
+        memo = self._guides.get(key)
+        if memo is None:
+            memo = self._guides.put(key, _GuideMemo())
+        return memo
 
     def _key(self, params: GuidedDecodingParams) -> object:
         """The guide's cache key (the requests of one guide often share their params)."""
         known = self._keys.get(id(params))
         if known is not None and known[0] is params:
             return known[1]
-        key = guide_cache_key(params)
-        if len(self._keys) >= KEYS_KEPT:
-            self._keys.clear()
-        self._keys[id(params)] = (params, key)
-        return key
+        return self._keys.put(id(params), (params, guide_cache_key(params)))[1]
 
 
 def _replayed(

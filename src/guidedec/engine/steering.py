@@ -36,6 +36,7 @@ from guidedec.grammar.auto_policy import XGRAMMAR, xgrammar_inexact_reason
 from guidedec.grammar.json_prefix import scan_prefix
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.kept import Kept
 from guidedec.tokenizer import TokenizerInfo
 
 CONTEXTUAL_KEYWORDS = frozenset(
@@ -79,7 +80,7 @@ class ValueSteering:
         self._structural = structural  # per token id: whether its text holds {}[],:"
         self._inexact: OrderedDict[object, bool] = OrderedDict()
         # (guide, settled text, open path) -> problem(): the checks of one output repeat it
-        self._verdicts: dict[tuple[object, str, object], str | None] = {}
+        self._verdicts: Kept[tuple[object, str, object], str | None] = Kept(VERDICTS_KEPT)
         self.stats = SteeringStats()
 
     def applies(self, params: GuidedDecodingParams, matcher: GrammarMatcher) -> bool:
@@ -113,12 +114,8 @@ class ValueSteering:
             return None
         key = (params.guide, prefix.closed, prefix.open_path)
         if key in self._verdicts:  # a whitespace or a separator settles nothing new
-            return self._verdicts[key]
-        verdict = self._judge(params, prefix.closed, prefix.open_path)
-        if len(self._verdicts) >= VERDICTS_KEPT:
-            self._verdicts.clear()
-        self._verdicts[key] = verdict
-        return verdict
+            return self._verdicts.get(key)
+        return self._verdicts.put(key, self._judge(params, prefix.closed, prefix.open_path))
 
     def _judge(
         self, params: GuidedDecodingParams, closed: str, open_path: tuple[str | int, ...] | None

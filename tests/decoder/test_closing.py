@@ -31,9 +31,9 @@ from guidedec.decoder.completion import (
     SLOW_SEARCH_S,
     CompletionSearch,
     completes,
-    guide_words,
 )
 from guidedec.decoder.request import GuidedRequest
+from guidedec.grammar.guide_words import guide_words
 from guidedec.grammar.matcher import (
     GrammarMatcher,
     GrammarMatcherFactory,

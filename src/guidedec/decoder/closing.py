@@ -52,10 +52,10 @@ from guidedec.decoder.completion import (
     ClosingVocab,
     CompletionSearch,
     completes,
-    guide_words,
 )
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.cache import guide_cache_key
+from guidedec.grammar.guide_words import guide_words
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.schema_reach import MAX_REACH, guide_reach

@@ -19,7 +19,7 @@ The search is a depth-first search with backtracking over a few preferred tokens
 - otherwise the allowed tokens are tried in a fixed preference order (``preference_order``,
   computed once per tokenizer over its short printable tokens): closers (``"``, ``}``, ``]``,
   ``)``, ``'``, ``>``; an empty string ``""`` first, ``}]`` before ``},``), one-token structure
-  (``{"``, ``,"``, ``[]``), separators, then the guide's own words (:func:`guide_words`: its
+  (``{"``, ``,"``, ``[]``), separators, then the guide's own words (``guide_words``: its
   property names, literals and their rests, format examples), digits (``0`` first), other
   tokens (longest first), tokens that open brackets, whitespace only where nothing else is
   allowed; one token per kind (its first character; digits are one kind), at most
@@ -41,7 +41,6 @@ candidates (about 40 µs in all); the matcher is back in its state when the sear
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +53,6 @@ import torch
 
 from guidedec.bitmask.layout import BITS_PER_WORD, allocate_bitmask
 from guidedec.grammar.matcher import GrammarMatcher
-from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.tokenizer import TokenizerInfo
 
 BRANCHES = 3
@@ -85,7 +83,7 @@ def preference_order(texts: list[str], excluded: set[int]) -> npt.NDArray[np.int
     of leading *structural* ones (closers, balanced structure, separators) that the guide's
     words follow. Short printable ASCII tokens (at most ``MAX_CANDIDATE_CHARS`` characters)
     only, so that the per-state check stays cheap; a guide's longer words come from
-    :func:`guide_words`. Tokens with no text and ``excluded`` ones (stop and added special
+    ``guide_words``. Tokens with no text and ``excluded`` ones (stop and added special
     tokens) are left out."""
     keyed = []
     for token_id, text in enumerate(texts):
@@ -302,7 +300,7 @@ class CompletionSearch:
     ) -> list[int] | None:
         """A completion of at most ``limit`` tokens that ends with a stop token, or None; the
         matcher is left in its state. ``words``: the guide's own tokens (its property names
-        and literals, see :func:`guide_words`), tried right after the closers; ``max_nodes``
+        and literals, see ``guide_words``), tried right after the closers; ``max_nodes``
         bounds the expansions (default ``8 * min(limit, MAX_DEPTH) + 16``); ``probe=False``
         skips the probe (the search proper reads a mask at every state)."""
         if matcher.is_terminated() or limit < 1:
@@ -517,116 +515,3 @@ _FOUND, _FAILED, _PRUNED = object(), object(), object()
 _DEEPENING = (4, 8, 16, 32, 64, 128)
 _ORDERINGS_KEPT = 64
 _KIND_SCAN = 256  # allowed candidates looked at for distinct kinds
-
-
-_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-_LITERAL_RUN = re.compile(r"[A-Za-z0-9_]{2,}")
-MAX_WORDS = 256
-MAX_REST = 32
-"""Literals of a grammar up to this long have their rests (each suffix) among its words."""
-FORMAT_EXAMPLES = {
-    "date-time": "2000-01-01T00:00:00Z",
-    "date": "2000-01-01",
-    "time": "00:00:00Z",
-    "email": "a@b.co",
-    "uri": "http://a.co",
-    "uuid": "00000000-0000-0000-0000-000000000000",
-    "ipv4": "0.0.0.0",
-}
-"""A short instance of each common string ``format``: its tokens spell the format's value in a
-few tokens instead of one character at a time."""
-
-
-def guide_words(params: GuidedDecodingParams, tokenizer: TokenizerInfo) -> list[int]:
-    """The tokens of a guide's own words, in the order the texts come: a JSON schema's property
-    names (required ones first), string ``enum`` / ``const`` values (the shortest of each
-    ``enum`` first: a completion that must write one of them writes that one) and an example of
-    each ``format`` (``FORMAT_EXAMPLES``); a choice's options, the shortest first; the quoted
-    literals of an EBNF or Lark grammar; the literal runs of a regex. A completion that must
-    spell a key or a keyword finds it among them (an open object would otherwise take any
-    key)."""
-    texts = _guide_texts(params)
-    ids: dict[int, int] = {}
-    for text in texts[:MAX_WORDS]:
-        for token in tokenizer.encode(text):
-            ids.setdefault(token, len(ids))
-    return list(ids)
-
-
-def _guide_texts(params: GuidedDecodingParams) -> list[str]:
-    kind, guide = params.guide_type, params.guide
-    if kind is GuideType.JSON_SCHEMA:
-        schema = json.loads(guide) if isinstance(guide, str) else guide
-        required: list[str] = []
-        other: list[str] = []
-        _schema_words(schema, required, other, depth=0)
-        return list(dict.fromkeys(required + other))
-    if kind is GuideType.CHOICE:
-        return sorted((str(option) for option in guide), key=len)  # type: ignore[union-attr]
-    if kind in (GuideType.EBNF, GuideType.LARK):
-        literals = [m.group(1) for m in _QUOTED.finditer(str(guide)) if m.group(1)]
-        # then their rests: from inside a literal, the rest may split into other tokens
-        rests = [t[i:] for t in literals if len(t) <= MAX_REST for i in range(1, len(t))]
-        return list(dict.fromkeys(literals + rests))
-    if kind is GuideType.REGEX:
-        return _LITERAL_RUN.findall(str(guide))
-    if kind is GuideType.STRUCTURAL_TAG:
-        tag = json.loads(guide) if isinstance(guide, str) else guide
-        fixed: list[str] = []
-        names: list[str] = []
-        words: list[str] = []
-        _tag_words(tag, fixed, names, words, depth=0)
-        ends = [t[i:] for t in fixed if len(t) <= MAX_REST for i in range(1, len(t))]
-        return list(dict.fromkeys(fixed + names + words + ends))
-    return []
-
-
-_TAG_TEXTS = ("begin", "end", "value", "separator")
-
-
-def _tag_words(
-    node: Any, literals: list[str], required: list[str], other: list[str], depth: int
-) -> None:
-    """A structural tag's fixed texts (tags' begins and ends, constant strings, separators),
-    and the words of its JSON schemas and grammars."""
-    if depth > 32:
-        return
-    if isinstance(node, list):
-        for item in node:
-            _tag_words(item, literals, required, other, depth + 1)
-        return
-    if not isinstance(node, dict):
-        return
-    literals.extend(node[k] for k in _TAG_TEXTS if isinstance(node.get(k), str) and node[k])
-    for key in ("json_schema", "schema"):
-        if isinstance(node.get(key), dict):
-            _schema_words(node[key], required, other, depth=0)
-    if node.get("type") == "grammar" and isinstance(node.get("grammar"), str):
-        other.extend(m.group(1) for m in _QUOTED.finditer(node["grammar"]) if m.group(1))
-    for key, value in node.items():
-        if key not in ("json_schema", "schema") and isinstance(value, dict | list):
-            _tag_words(value, literals, required, other, depth + 1)
-
-
-def _schema_words(node: Any, required: list[str], other: list[str], depth: int) -> None:
-    if depth > 32:
-        return
-    if isinstance(node, dict):
-        for name in node.get("required", []) if isinstance(node.get("required"), list) else []:
-            if isinstance(name, str):
-                required.append(name)
-        properties = node.get("properties")
-        if isinstance(properties, dict):
-            other.extend(name for name in properties if isinstance(name, str))
-        for key in ("enum", "const"):
-            values = node.get(key)
-            values = values if isinstance(values, list) else [values]
-            other.extend(sorted((v for v in values if isinstance(v, str)), key=len))
-        fmt = node.get("format")  # a dict where "format" names a property
-        if isinstance(fmt, str) and fmt in FORMAT_EXAMPLES:
-            other.append(FORMAT_EXAMPLES[fmt])
-        for value in node.values():
-            _schema_words(value, required, other, depth + 1)
-    elif isinstance(node, list):
-        for item in node:
-            _schema_words(item, required, other, depth + 1)

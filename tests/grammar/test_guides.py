@@ -19,7 +19,7 @@ from guidedec import (
     create_grammar_matcher_factory,
 )
 from guidedec.errors import GrammarError
-from guidedec.grammar import isolation
+from guidedec.grammar import host
 from guidedec.grammar.cache import (
     KEPT_CANONICAL_CHARS,
     CompileCache,
@@ -175,9 +175,9 @@ def test_a_forgotten_guide_is_compiled_again_and_its_memory_given_back(
     backend: str, tokenizer: TokenizerInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trims: list[int] = []
-    real = isolation._libc_function
+    real = host._libc_function
     monkeypatch.setattr(
-        isolation,
+        host,
         "_libc_function",
         lambda name, restype: trims.append if name == "malloc_trim" else real(name, restype),
     )
@@ -203,8 +203,8 @@ def test_a_forgotten_guide_is_compiled_again_and_its_memory_given_back(
 
 def test_freed_memory_is_given_back_through_the_c_library() -> None:
     """On glibc, malloc_trim is found and called (returns 0 or 1); elsewhere nothing happens."""
-    isolation.return_freed_memory()
-    trim = isolation._libc_function("malloc_trim", ctypes.c_int)
+    host.return_freed_memory()
+    trim = host._libc_function("malloc_trim", ctypes.c_int)
     assert trim is None or trim(0) in (0, 1)
 
 

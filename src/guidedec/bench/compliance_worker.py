@@ -30,7 +30,8 @@ from guidedec.bitmask.layout import BITMASK_DTYPE, bitmask_size
 from guidedec.engine.validation import OutputValidator, schema_validator
 from guidedec.grammar import GrammarMatcher, GrammarMatcherFactory, GuidedDecodingParams
 from guidedec.grammar.auto import AutoMatcherFactory, backend_order
-from guidedec.grammar.isolation import PRELOAD_DEFAULT, process_alive, stop_worker
+from guidedec.grammar.host import process_alive, stop_worker
+from guidedec.grammar.isolation import PRELOAD_DEFAULT
 from guidedec.grammar.matcher import WrappedFactory, WrappedMatcher
 from guidedec.testing import EngineChecks, accepts_output, uniform_guided_generate
 

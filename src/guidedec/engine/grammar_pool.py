@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 from guidedec.engine.request import Request, Status
-from guidedec.grammar.isolation import lower_priority
+from guidedec.grammar.host import lower_priority
 from guidedec.grammar.matcher import GrammarMatcherFactory
 from guidedec.grammar.params import GuidedDecodingParams
 
@@ -34,7 +34,7 @@ class GrammarPool:
             raise ValueError(f"compile timeout must be positive, got {timeout_s}")
         self.factory = factory
         self.timeout_s = timeout_s
-        # Compiles run at a lower priority than the step loop (see COMPILE_NICENESS).
+        # Compiles run at a lower priority than the step loop (host.COMPILE_NICENESS).
         self._executor = cf.ThreadPoolExecutor(
             max_workers, thread_name_prefix="guidedec-compile", initializer=lower_priority
         )

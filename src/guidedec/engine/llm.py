@@ -156,6 +156,7 @@ class LLM(EngineCore):
         loaded = _with_max_len(loaded, max_model_len)
         # A daemonic process (a worker of a pool) may not start processes of its own.
         isolate = isolate_compiles and not multiprocessing.current_process().daemon
+        isolation = CompileIsolation(timeout_s=compile_timeout_s) if isolate else None
         config = GuidedDecodingConfig(
             backend=backend,
             tokenizer=loaded.tokenizer,
@@ -165,14 +166,14 @@ class LLM(EngineCore):
             # The same with or without jump-forward, so that turning it off changes no output.
             auto_prefers=auto_prefers,
             fill_mode=fill_mode,
-            isolation=CompileIsolation(timeout_s=compile_timeout_s) if isolate else None,
+            isolation=isolation,
             limits=guide_limits or GuideLimits(),
             mask_time_limit_ms=mask_time_limit_ms,
             compile_cache_dir=None if compile_cache_dir is None else os.fspath(compile_cache_dir),
         )
         # The compile workers start (the first engine of a process: a fork server, seconds)
         # while the engine is built; no request's compile timeout runs during it.
-        starting = config.isolation.start_in_background(config) if config.isolation else None
+        starting = isolation.start_in_background(config) if isolation else None
         super().__init__(
             loaded,
             config,

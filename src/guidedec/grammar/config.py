@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from guidedec.errors import GrammarError
 from guidedec.grammar.limits import GuideLimits
+from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.tokenizer import TokenizerInfo
-
-if TYPE_CHECKING:
-    from guidedec.grammar.isolation import CompileIsolation
 
 BackendName = Literal["xgrammar", "llguidance", "auto"]
 WhitespaceMode = Literal["flexible", "compact"]
@@ -18,6 +16,28 @@ FillMode = Literal["auto", "parallel", "sequential"]
 ExactBackendName = Literal["xgrammar", "llguidance"]
 
 BACKENDS: tuple[str, ...] = get_args(BackendName)
+
+
+class ProbedGuide(Protocol):
+    """What a compile probe measured of a guide."""
+
+    @property
+    def heap_bytes(self) -> int | None:
+        """The C heap the compiled guide held after its first mask; None: not known."""
+
+
+class CompileProbe(Protocol):
+    """What the backends and the engine ask of compile isolation
+    (:class:`guidedec.grammar.isolation.CompileIsolation`)."""
+
+    def probe(
+        self, backend: str, params: GuidedDecodingParams, config: GuidedDecodingConfig
+    ) -> ProbedGuide:
+        """Compile ``params`` with ``backend`` apart from this process, or raise
+        :class:`~guidedec.errors.GrammarError`."""
+
+    def close(self) -> None:
+        """Stop what it runs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +102,7 @@ class GuidedDecodingConfig:
     auto_prefers: ExactBackendName = "xgrammar"
     fill_mode: FillMode = "auto"
     fill_threads: int | None = None
-    isolation: CompileIsolation | None = field(default=None, compare=False)
+    isolation: CompileProbe | None = field(default=None, compare=False)
     limits: GuideLimits = field(default_factory=GuideLimits)
     mask_time_limit_ms: float | None = 20.0
     compile_cache_dir: str | None = None

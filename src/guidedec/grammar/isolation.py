@@ -28,11 +28,8 @@ wait; a probe that waits longer than its deadline fails like one that runs too l
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import multiprocessing as mp
 import os
-import resource
 import sys
 import threading
 import time
@@ -42,6 +39,13 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from guidedec.errors import GrammarError
+from guidedec.grammar.host import (
+    heap_in_use,
+    limit_memory,
+    lower_priority,
+    process_alive,
+    stop_worker,
+)
 
 if TYPE_CHECKING:
     from guidedec.grammar.config import GuidedDecodingConfig
@@ -55,9 +59,6 @@ PRELOAD_DEFAULT = "guidedec.grammar.isolation_preload_default"
 DEFAULT_MEMORY_LIMIT = 8 << 30
 """Address space a worker may add to what it holds once started (its tokenizer's views built),
 in bytes."""
-COMPILE_NICENESS = 10
-"""How much lower than the engine's the priority of compile work is: a long compile takes the
-CPU the steps of running requests leave, not theirs."""
 
 
 @dataclass
@@ -327,7 +328,7 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
     # int32 word per 32 tokens.
     bitmask = torch.zeros(1, -(-tokenizer.vocab_size // 32), dtype=torch.int32)
     if settings.memory_limit_bytes is not None:
-        _limit_memory(settings.memory_limit_bytes)
+        limit_memory(settings.memory_limit_bytes)
     lower_priority()
     conn.send(("ready", ""))
     while True:
@@ -368,91 +369,3 @@ class ProbeReport:
 
     seconds: float
     heap_bytes: int | None
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def heap_in_use() -> int | None:
-    """Bytes the C heap has handed out (glibc's ``mallinfo2``: small blocks and mmapped ones),
-    which the backends' native allocations go through; None without glibc 2.33."""
-    mallinfo2 = _libc_function("mallinfo2", _MallInfo2)
-    if mallinfo2 is None:
-        return None
-    info = mallinfo2()
-    return int(info.uordblks + info.hblkhd)
-
-
-def return_freed_memory() -> None:
-    """Hand the C heap's free pages back to the system where the C library can (glibc's
-    ``malloc_trim``): the backends allocate through it, and without this a process keeps the
-    peak of what a dropped grammar held."""
-    trim = _libc_function("malloc_trim", ctypes.c_int)
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _libc_function(name: str, restype: Any) -> Any:
-    """The C library's function ``name`` returning ``restype``; None where there is none."""
-    try:
-        function = getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError):
-        return None
-    function.restype = restype
-    return function
-
-
-def lower_priority() -> None:
-    """Lower the calling thread's CPU priority by ``COMPILE_NICENESS`` (Linux: per thread;
-    elsewhere nothing)."""
-    with contextlib.suppress(AttributeError, OSError):
-        tid = threading.get_native_id()
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + COMPILE_NICENESS))
-
-
-def _limit_memory(extra: int) -> None:
-    with open("/proc/self/statm") as statm:
-        pages = int(statm.read().split()[0])
-    limit = pages * os.sysconf("SC_PAGE_SIZE") + extra
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def stop_worker(process: Any, conn: Connection | None, timeout_s: float = 2.0) -> None:
-    """Ask a worker to leave (``None`` on its pipe, when given), then kill it if it has not
-    within ``timeout_s``."""
-    if conn is not None:
-        with contextlib.suppress(OSError):
-            conn.send(None)
-    process.join(timeout=timeout_s)
-    if process.is_alive():
-        process.kill()
-        process.join()
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a worker leaves once its parent is gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

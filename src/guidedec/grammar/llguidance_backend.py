@@ -23,7 +23,7 @@ from guidedec.grammar.convert import (
     structural_tag_to_lark,
 )
 from guidedec.grammar.formats import without_formats
-from guidedec.grammar.isolation import return_freed_memory
+from guidedec.grammar.host import return_freed_memory
 from guidedec.grammar.matcher import (
     FILLED,
     REJECTED,

@@ -28,7 +28,7 @@ from guidedec.grammar.convert import (
     structural_tag_to_xgrammar_arg,
 )
 from guidedec.grammar.disk_cache import DiskCompileCache
-from guidedec.grammar.isolation import return_freed_memory
+from guidedec.grammar.host import return_freed_memory
 from guidedec.grammar.matcher import (
     FILLED,
     REJECTED,

@@ -13,7 +13,7 @@ from typing import Any
 from guidedec.engine import LLM, SamplingParams
 from guidedec.engine.prompts import Prompt, check_prompt, tokenize
 from guidedec.errors import GuidedecError
-from guidedec.grammar.isolation import lower_priority
+from guidedec.grammar.host import lower_priority
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.server.errors import BadRequestError
 from guidedec.server.limits import too_long_to_fit

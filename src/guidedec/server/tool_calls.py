@@ -38,7 +38,7 @@ from guidedec.server.tool_parsers import (
     content_and_calls,
 )
 from guidedec.server.tool_pythonic import PythonicParser
-from guidedec.server.tool_stream import scan_calls
+from guidedec.server.tool_scan import scan_calls
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {**PARSERS, PythonicParser.name: PythonicParser}
 """The ``--tool-call-parser`` names, vLLM's."""

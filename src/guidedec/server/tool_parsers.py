@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from guidedec.server.tool_stream import value_end
+from guidedec.server.tool_scan import value_end
 
 Schemas = Mapping[str, Mapping[str, Any]]
 """Each tool's name to its parameters schema."""

@@ -29,9 +29,9 @@ from typing import Any
 
 import jsonschema
 
+import guidedec.bench.quality.puzzles as puzzles
 from guidedec.bench import bfcl
 from guidedec.bench.extraction_set import EXTRACTION, FIELDS, Person, instruction, record_schema
-from guidedec.bench.quality import puzzles
 
 _ARTICLES = re.compile(r"^(a|an|the)\s+")
 

@@ -1,9 +1,10 @@
 """Decoder layer: request snapshots and the batched GuidedDecoder."""
 
-from guidedec.decoder.base import BaseGuidedDecoder, DecoderStats
+from guidedec.decoder.base import BaseGuidedDecoder
 from guidedec.decoder.decoder import GuidedDecoder, GuidedStep
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.rows import RequestError
+from guidedec.decoder.stats import DecoderStats
 
 __all__ = [
     "BaseGuidedDecoder",

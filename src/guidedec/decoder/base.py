@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
@@ -37,6 +36,7 @@ from guidedec.decoder.rows import (
     SlowMasksError,
 )
 from guidedec.decoder.slots import SlotState
+from guidedec.decoder.stats import DecoderStats
 from guidedec.decoder.streams import StepSync
 from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.batch_fill import BatchFiller
@@ -59,17 +59,6 @@ masks pays nothing for either."""
 TIMING_HOLD = 64
 """Fast builds in a row after which fills are no longer timed (more than a paced request sits
 out: see :mod:`guidedec.engine.pacing`)."""
-
-
-@dataclass(slots=True)
-class DecoderStats:
-    """Timings of the last step, in seconds, and running totals."""
-
-    build_s: float = 0.0
-    apply_s: float = 0.0
-    steps: int = 0
-    rows_filled: int = 0
-    failures: int = 0
 
 
 class BaseGuidedDecoder(RowFilling):

@@ -23,9 +23,10 @@ from typing import Protocol
 
 import torch
 
-from guidedec.decoder.base import BaseGuidedDecoder, DecoderStats, failure_message
+from guidedec.decoder.base import BaseGuidedDecoder, failure_message
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.rows import Failure, RequestError
+from guidedec.decoder.stats import DecoderStats
 from guidedec.errors import REQUEST_ERRORS
 
 __all__ = ["DecoderStats", "Failure", "GuidedDecoder", "GuidedStep", "RequestError"]

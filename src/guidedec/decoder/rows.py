@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from guidedec.bitmask import HostRowChecker
-    from guidedec.decoder.base import DecoderStats
     from guidedec.decoder.request import GuidedRequest
+    from guidedec.decoder.stats import DecoderStats
     from guidedec.grammar.batch_fill import BatchFiller
 
 Failure = tuple[int, str]

@@ -40,7 +40,12 @@ SCENARIOS = {
             ),
         ),
         healthy=HEALTHY,
-        reaches=CLOSING | {"guidedec.decoder.base:_build", "guidedec.decoder.base:_start_request"},
+        reaches=CLOSING
+        | {
+            "guidedec.decoder.base:_advance_running",
+            "guidedec.decoder.base:_start_request",
+            "guidedec.decoder.rows:_fill_request",
+        },
     ),
     "llguidance: closing, every fill timed": Scenario(
         engine={"backend": "llguidance", "jump_forward": False, "max_num_seqs": 3},
@@ -70,7 +75,8 @@ SCENARIOS = {
             SamplingParams(max_tokens=30, guided_decoding=GuidedDecodingParams(json_schema=RECORD)),
         ),
         healthy=HEALTHY,
-        reaches=CLOSING | {"guidedec.decoder.base:_build"},
+        reaches=CLOSING
+        | {"guidedec.decoder.base:_advance_running", "guidedec.decoder.rows:_fill_request"},
     ),
 }
 

@@ -28,7 +28,6 @@ from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.row_rules import RowRules
 from guidedec.decoder.rows import (
-    DEAD_END,
     Failure,
     RequestError,
     RowFill,
@@ -288,20 +287,17 @@ class BaseGuidedDecoder(RowFilling):
         request advances by its next draft token and the next wave fills the rows after them.
         Per request both are the same sequence of matcher calls.
         """
-        token_mask = self._token_mask_words  # one word at a time: no numpy scalar per row
-        token_mask[:] = self._token_mask_zeros  # also past the batch: a padded graph applies them
+        self._token_mask_words[:] = self._token_mask_zeros  # past the batch too: a padded graph
         failures: list[Failure] = []
         requests = batch.requests
         eager = len(requests) < self._min_wave
+        fuse = eager and not self._time_fills  # advance and fill in one call
         wave: list[RowFill] = []
-        bitmask, draft_len = self.bitmask_host, batch.num_draft_tokens
-        row_is_valid, rows_filled = self._row_is_valid, 0
-        timed = self._time_fills
-        if timed:
+        draft_len = batch.num_draft_tokens
+        if self._time_fills:
             for req in requests:
                 self._fill_s[req.seq_slot] = 0.0
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
-        matchers, verifiable = self.grammar_matchers, self._num_verifiable_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
         offsets = batch.offsets  # the requests' own: indexed (a zip costs 0.1 to 0.3 us)
         for i, req in enumerate(requests):
@@ -315,61 +311,21 @@ class BaseGuidedDecoder(RowFilling):
                 if req.is_generation_in_progress_state and not (
                     req.is_draft or req.is_generation_only_first_iteration
                 ):  # most requests of most steps: their matcher advances by new_token
-                    matcher = matchers[slot]
-                    if matcher is None:
-                        raise RequestError("has no grammar matcher (an earlier step failed)")
-                    verifiable[slot] = 1 + len(drafts)
-                    token = req.new_token
-                    if token is None:
-                        raise RequestError("is generating but carries no new_token")
-                    # A row that closing forces to its witness's next token needs no fill.
-                    forced = self.closer.forced_next(req) if closes else None
-                    if eager and not timed and forced is None:  # advance and fill in one call
-                        status = matcher.advance_and_fill(token, bitmask, offset)
-                    elif matcher.advance(token):
-                        status = TERMINATED if matcher.is_terminated() else _ADVANCED
-                    else:
-                        status = REJECTED
-                    if status == REJECTED:  # a rejection fails the request anyway
-                        if matcher.is_terminated():
-                            continue  # accepted a stop token already: see _start_request
-                        raise RequestError(f"sampled token {token} is rejected by its grammar")
-                    advanced[slot] = 1
-                    if status == TERMINATED:
-                        continue
-                    if forced is not None:
-                        self._force_row(offset, forced)
-                        guided[slot] = 1
-                        rows_filled += 1
-                        continue
-                    filled = status == FILLED
+                    started = self._advance_running(req, offset, drafts, closes=closes, fuse=fuse)
                 else:
-                    filled = False
                     matcher = self._start_request(req, drafts)
-                    if matcher is None:
-                        continue
+                    started = None if matcher is None else (matcher, False)
+                if started is None:
+                    continue  # no row to fill
+                matcher, filled = started
                 if closes:
                     closing.append((req, offset))
-                if not eager:
-                    wave.append(RowFill(req, matcher, offset, drafts))
-                elif drafts:
+                if eager:
                     self._fill_request(req, matcher, offset, drafts, filled=filled)
-                else:  # one row: what _fill_request does, inline
-                    if timed:
-                        self._timed_fill(matcher, bitmask, offset, slot)
-                    elif not filled:  # else advance_and_fill has filled it
-                        matcher.fill_next_token_bitmask(bitmask, offset)
-                    if row_is_valid(offset):
-                        token_mask[offset] = 1
-                        guided[slot] = 1
-                        rows_filled += 1
-                    elif req.is_draft:
-                        self.is_draft_terminated[slot] = True
-                    else:
-                        raise RequestError(DEAD_END)
+                else:
+                    wave.append(RowFill(req, matcher, offset, drafts))
             except REQUEST_ERRORS as exc:
                 self._fail(req, exc, failures)
-        self.stats.rows_filled += rows_filled
         while wave:
             wave = self._fill_wave(wave, failures)
         if closing:
@@ -377,6 +333,42 @@ class BaseGuidedDecoder(RowFilling):
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
             self._disagg_init.clear()
         return failures
+
+    def _advance_running(
+        self, req: GuidedRequest, offset: int, drafts: tuple[int, ...], *, closes: bool, fuse: bool
+    ) -> tuple[GrammarMatcher, bool] | None:
+        """Advance a running request's matcher by its new token (``fuse``: and fill its row in
+        the same call). Returns the matcher and whether its row is filled already; None when
+        the request has no row to fill: its grammar has ended, or closing forced the row to its
+        witness's next token (``closes``: the request closes within its budget)."""
+        slot = req.seq_slot
+        matcher = self.grammar_matchers[slot]
+        if matcher is None:
+            raise RequestError("has no grammar matcher (an earlier step failed)")
+        self._num_verifiable_tokens[slot] = 1 + len(drafts)
+        token = req.new_token
+        if token is None:
+            raise RequestError("is generating but carries no new_token")
+        forced = self.closer.forced_next(req) if closes else None
+        if fuse and forced is None:
+            status = matcher.advance_and_fill(token, self.bitmask_host, offset)
+        elif matcher.advance(token):
+            status = TERMINATED if matcher.is_terminated() else _ADVANCED
+        else:
+            status = REJECTED
+        if status == REJECTED:  # a rejection fails the request anyway
+            if matcher.is_terminated():
+                return None  # accepted a stop token already: see _start_request
+            raise RequestError(f"sampled token {token} is rejected by its grammar")
+        self.num_advanced_tokens[slot] = 1
+        if status == TERMINATED:
+            return None
+        if forced is not None:
+            self._force_row(offset, forced)
+            self.num_guided_tokens[slot] = 1
+            self.stats.rows_filled += 1
+            return None
+        return matcher, status == FILLED
 
     def fill_times(self) -> dict[int, float]:
         """Seconds each request of the last build spent filling its rows, by request id, where

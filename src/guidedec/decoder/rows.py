@@ -145,17 +145,8 @@ class RowFilling:
             if not allowed:  # verification cannot accept the token: the row masks it out
                 self._num_verifiable_tokens[slot] = position + 1
                 break
-            # Advance by the draft token, then fill the row after it (_accept_draft inline).
             row += 1
-            if timed is None:
-                status = matcher.advance_and_fill(token, bitmask, row)
-            elif not (matcher.advance(token) if unchecked else matcher.accept_token(token)):
-                status = REJECTED
-            elif matcher.is_terminated():
-                status = TERMINATED
-            else:
-                timed(matcher, bitmask, row, slot)
-                status = FILLED
+            status = self._draft_row(matcher, token, row, slot, timed=timed is not None)
             if status == REJECTED:
                 if unchecked:
                     raise RequestError(_ROW_DISAGREES.format(token))
@@ -167,6 +158,21 @@ class RowFilling:
         self.num_advanced_tokens[slot] += advanced
         self.num_guided_tokens[slot] += guided
         self.stats.rows_filled += self.num_guided_tokens[slot]
+
+    def _draft_row(
+        self, matcher: GrammarMatcher, token: int, row: int, slot: int, *, timed: bool
+    ) -> int:
+        """Advance by a draft token, then fill the row after it (``row``); the status, as
+        :meth:`GrammarMatcher.advance_and_fill` returns it."""
+        if not timed:
+            return matcher.advance_and_fill(token, self.bitmask_host, row)
+        unchecked = matcher.unchecked_advance
+        if not (matcher.advance(token) if unchecked else matcher.accept_token(token)):
+            return REJECTED
+        if matcher.is_terminated():
+            return TERMINATED
+        self._timed_fill(matcher, self.bitmask_host, row, slot)
+        return FILLED
 
     def _timed_fill(
         self, matcher: GrammarMatcher, bitmask: torch.Tensor, row: int, slot: int

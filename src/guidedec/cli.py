@@ -196,6 +196,11 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--max-num-seqs", type=_int_at_least(1), default=8, metavar="N", help="batch size"
     )
+    _add_guide_settings(run)
+
+
+def _add_guide_settings(run: argparse.ArgumentParser) -> None:
+    """The engine's settings of guides: whitespace, closed objects, compiles and mask limits."""
     run.add_argument(
         "--whitespace", default="flexible", choices=["flexible", "compact"], help="JSON whitespace"
     )
@@ -373,6 +378,12 @@ def _add_serve(commands: Any) -> None:
         help="the format the model writes tool calls in (default: the one its chat "
         "template teaches; hermes for a template that shows no tools)",
     )
+    _add_http(run)
+    run.set_defaults(func=serve)
+
+
+def _add_http(run: argparse.ArgumentParser) -> None:
+    """The server's HTTP settings: address, limits, timeouts, authentication and CORS."""
     run.add_argument("--host", default="127.0.0.1", help="address to listen on")
     run.add_argument("--port", type=_int_at_least(1), default=8000, help="port to listen on")
     run.add_argument("--served-model-name", help="model id in the API (default: --model)")
@@ -428,7 +439,6 @@ def _add_serve(commands: Any) -> None:
         )
     run.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    run.set_defaults(func=serve)
 
 
 def _json_list(text: str) -> list[str]:

@@ -13,7 +13,7 @@ import torch
 
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.engine.batched_runner import BatchedModelRunner
-from guidedec.engine.core import EngineCore
+from guidedec.engine.masked_forward import MaskedForward
 from guidedec.engine.runner import ModelRunner
 from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory, WrappedFactory
 
@@ -168,15 +168,15 @@ def test_sparse_rows_sample_the_tokens_of_masked_rows(monkeypatch: pytest.Monkey
         for i, (g, t) in enumerate(zip(GUIDES, [1.0, 0.7, 1.3, 1.0, 0.0, 1.0], strict=True))
     ]
     taken: list[int] = []
-    take = EngineCore._take_sparse_rows
+    take = MaskedForward._take_sparse_rows
 
-    def counting(self: EngineCore, *args: Any) -> dict[int, torch.Tensor]:
+    def counting(self: MaskedForward, *args: Any) -> dict[int, torch.Tensor]:
         rows = take(self, *args)
         taken.append(len(rows))
         return rows
 
-    monkeypatch.setattr(EngineCore, "_take_sparse_rows", counting)
+    monkeypatch.setattr(MaskedForward, "_take_sparse_rows", counting)
     actual = _run(_engine(), PROMPTS, params)
     assert sum(taken) > 20  # the sparse path ran, on many rows
-    monkeypatch.setattr(EngineCore, "_take_sparse_rows", lambda *args: {})
+    monkeypatch.setattr(MaskedForward, "_take_sparse_rows", lambda *args: {})
     assert _run(_engine(), PROMPTS, params) == actual

@@ -3,10 +3,10 @@
 The requests the guided decoder reports failed are finished after sampling, as the reference
 design does; the rest of the batch goes on.
 
-Overlap: the mask of step n depends only on tokens sampled up to step n - 1, so with
-``overlap`` the decoder's host build of step n runs while the forward of step n runs (on a
-worker thread on the CPU; on a CUDA device, on the host right after the forward is enqueued),
-and only the copy and apply wait for the logits. Results are the same token for token.
+The forward and the guide of a step are :class:`~guidedec.engine.masked_forward.MaskedForward`'s
+(overlapped where they can be; results are the same token for token): it returns the step's
+rows (:class:`~guidedec.engine.masked_forward.StepRows`), dense, sparse or point masses, and
+the engine samples, checks and verifies from them.
 
 Every step is one batched forward of the model over all scheduled sequences
 (:class:`~guidedec.engine.batched_runner.BatchedModelRunner`): decode tokens, verification
@@ -31,23 +31,23 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from guidedec.decoder import GuidedDecoder, GuidedRequest
+from guidedec.decoder import GuidedDecoder
 from guidedec.decoder.capturable import CapturableGuidedDecoder
 from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.grammar_pool import GrammarPool
-from guidedec.engine.graphs import DecodeGraphs, is_decode_step
+from guidedec.engine.graphs import DecodeGraphs
 from guidedec.engine.handoff import Handoff
 from guidedec.engine.logprobs import TokenLogprob, token_logprob
+from guidedec.engine.masked_forward import MaskedForward, StepRows
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.pacing import PACE_WINDOW, pace
 from guidedec.engine.prompts import TokenizedPrompt
 from guidedec.engine.reasoning import ReasoningParser, content_ids, thinking_token
 from guidedec.engine.request import Request, RequestOutput
-from guidedec.engine.runner import ForwardInput, SlotRunner
+from guidedec.engine.runner import SlotRunner
 from guidedec.engine.sampling import (
     SamplingParams,
     TargetRows,
@@ -65,7 +65,7 @@ from guidedec.engine.speculative import (
     JumpForwardSpeculator,
     NgramSpeculator,
 )
-from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
+from guidedec.engine.stats import EngineStats
 from guidedec.engine.steering import ValueSteering, check_sampled
 from guidedec.engine.stop_strings import stop_string_start
 from guidedec.engine.validation import OutputValidator
@@ -106,7 +106,6 @@ class EngineCore:
         self.cuda_graphs = cuda_graphs
         self.graphs: DecodeGraphs | None = None
         runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
-        self.runner: SlotRunner = runner
         self.decoder = GuidedDecoder(
             config=config,
             factory=self.factory,
@@ -131,17 +130,23 @@ class EngineCore:
         self.steering = ValueSteering(
             self.validator, lambda: self.decoder.closer.vocab().structural
         )
-        self.step_times: deque[StepTimes] = deque(maxlen=STEP_TIMES_KEPT)
+        self.forward = MaskedForward(
+            runner,
+            self.decoder,
+            graphs=self.graphs,
+            device=model.device,
+            stats=self.stats,
+            vocab_size=self.tokenizer.vocab_size,
+            max_model_len=self.max_model_len,
+            num_draft_tokens=num_draft_tokens,
+            overlap=overlap,
+        )
+        self.step_times = self.forward.step_times  # the eager steps' (see StepTimes)
         self.disable_additional_properties = True  # LLM's option of the name
-        self.overlap = overlap
-        self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-build")
         self._requests: dict[int, Request] = {}
         self._next_id = 0
         self._handoffs: dict[int, Handoff] = {}
         self._unreported: list[Request] = []  # finished outside a step (aborted)
-        # This step's verification rows that allow one token: request id -> {row: token}.
-        self._point_masses: dict[int, dict[int, int]] = {}
-        self._forward_s = 0.0  # the last eager step's forward
         self._step_work: deque[float] = deque(maxlen=PACE_WINDOW)  # forward + sampling, s
 
     def step(self) -> list[RequestOutput]:
@@ -170,6 +175,25 @@ class EngineCore:
         self._unreported.append(request)
         return True
 
+    @property
+    def runner(self) -> SlotRunner:
+        """The model runner of the steps; settable between steps (a benchmark's baseline)."""
+        return self.forward.runner
+
+    @runner.setter
+    def runner(self, value: SlotRunner) -> None:
+        self.forward.runner = value
+
+    @property
+    def overlap(self) -> bool:
+        """Whether a step's build runs while its forward does (see
+        :mod:`guidedec.engine.masked_forward`); settable between steps."""
+        return self.forward.overlap
+
+    @overlap.setter
+    def overlap(self, value: bool) -> None:
+        self.forward.overlap = value
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -193,22 +217,15 @@ class EngineCore:
 
     def _run_batch(self, batch: list[Scheduled]) -> list[Request]:
         self._import_handoffs(batch)
-        self._point_masses.clear()
         t0 = time.perf_counter()
-        inputs = [ForwardInput(_slot(s), s.token_ids, s.num_logits) for s in batch]
-        if self.graphs is not None and is_decode_step(inputs):
-            logits, failures, decoder = self._graph_step(batch, inputs, self.graphs)
-            t1 = t2 = time.perf_counter()  # the guide ran inside the replay
-            sparse: dict[int, torch.Tensor] = {}
-        else:
-            decoder = self._guide(batch)
-            logits, failures, sparse, t1, t2 = self._eager_step(batch, inputs, decoder)
-        self._advance(batch, logits, failures, sparse)
+        step = self.forward.run(batch)
+        self._advance(batch, step)
         t3 = time.perf_counter()
         if self.graphs is None:  # a replay's build is not timed
-            self._pace(batch, decoder, self._forward_s + (t3 - t2))
-        failures.update(self._speculate(batch, decoder))
-        self._update_stats(t0, t1, t2, t3)
+            self._pace(batch, step.decoder, self.forward.forward_s + (t3 - step.guide_end))
+        failures = step.failures
+        failures.update(self._speculate(batch, step.decoder))
+        self._update_stats(t0, step.forward_end, step.guide_end, t3)
         return self._collect_finished(batch, failures)
 
     def _pace(self, batch: list[Scheduled], decoder: GuidedDecoder | None, work_s: float) -> None:
@@ -221,129 +238,16 @@ class EngineCore:
             usual = statistics.median(self._step_work)
             self.stats.paced_requests += pace(batch, times, usual)
 
-    def _graph_step(
-        self, batch: list[Scheduled], inputs: list[ForwardInput], graphs: DecodeGraphs
-    ) -> tuple[torch.Tensor, dict[int, str], GuidedDecoder | None]:
-        """A decode step as a graph replay: the logits, the failed requests, the decoder (None
-        for an unguided batch)."""
-        self.runner.check_inputs(inputs)  # before queuing: a refused step must queue nothing
-        decoder = self._guide(batch, queued=True)
-        logits, failures = graphs.run(inputs, guided=decoder is not None)
-        return logits, dict(failures), decoder
-
-    def _eager_step(
-        self, batch: list[Scheduled], inputs: list[ForwardInput], decoder: GuidedDecoder | None
-    ) -> tuple[torch.Tensor, dict[int, str], dict[int, torch.Tensor], float, float]:
-        """Forward, then build (or finish the overlapped build), copy and apply: the logits,
-        the failed requests, the sparse rows left unmasked (see :meth:`_take_sparse_rows`), and
-        the times the forward and the guide ended."""
-        cpu = self.model.device.type == "cpu"
-        built, pending = None, None
-        if decoder is not None and cpu and any(_verifies(s) for s in batch):
-            # The masks first: a verification row its guide narrows to one token (text the
-            # grammar forces) needs no logits, a row narrowed to a few the lm_head of those
-            # alone, and on the CPU a full lm_head row costs about what a step costs.
-            built = _timed_build(decoder)
-            inputs = self._without_forced_logits(batch, inputs, decoder)
-        elif decoder is not None and self.overlap and cpu:
-            pending = self._builder.submit(_timed_build, decoder)
-        began = time.perf_counter()
-        logits = self.runner.forward(inputs)
-        t1 = time.perf_counter()
-        self._forward_s = t1 - began  # the forward alone (a build may run before it)
-        if decoder is None:
-            return logits, {}, {}, t1, t1
-        # On a CUDA device the forward above only enqueued its kernels: this build runs
-        # while they do (the wait measured here is host time, an upper bound).
-        build, build_s = built or (pending.result() if pending else _timed_build(decoder))
-        ready = time.perf_counter()
-        sparse = self._take_sparse_rows(batch, decoder, logits)
-        decoder.copy_and_apply(logits)
-        t2 = time.perf_counter()
-        self._record_step(StepTimes(build_s, ready - t1, t2 - ready))
-        return logits, dict(build), sparse, t1, t2
-
-    def _without_forced_logits(
-        self, batch: list[Scheduled], inputs: list[ForwardInput], decoder: GuidedDecoder
-    ) -> list[ForwardInput]:
-        """``inputs`` with ``no_logits`` set to the verification rows whose mask, just built,
-        allows one token (the sampled or greedy token there is that one, whatever the logits);
-        a sampling request's verification reads those rows as point masses at their token
-        (``_point_masses``), without processing them. Every other row whose mask allows at most
-        1/32 of the vocabulary gets ``sparse_logits``: the lm_head of its allowed tokens alone
-        (the mask sets the others to -inf, and nothing reads them)."""
-        out, row = [], 0
-        limit = max(1, self.tokenizer.vocab_size // 32)
-        for s, item in zip(batch, inputs, strict=True):
-            rows = range(row, row + item.num_logits)
-            single: dict[int, int] = {}
-            if _verifies(s):
-                single = {r - row: token for r, token in decoder.single_token_rows(rows).items()}
-                if single:
-                    item = dataclasses.replace(item, no_logits=tuple(single))
-                    self.stats.rows_without_logits += len(single)
-                    self._point_masses[s.request.request_id] = single
-            sparse = tuple(
-                (r - row, tuple(ids.tolist()))
-                for r, ids in decoder.sparse_rows(rows, limit).items()
-                if r - row not in single
-            )
-            if sparse:
-                item = dataclasses.replace(item, sparse_logits=sparse)
-                self.stats.rows_with_sparse_logits += len(sparse)
-            out.append(item)
-            row += item.num_logits
-        return out
-
-    def _take_sparse_rows(
-        self, batch: list[Scheduled], decoder: GuidedDecoder, logits: torch.Tensor
-    ) -> dict[int, torch.Tensor]:
-        """The allowed token ids of the host rows that ``_draw`` samples and whose mask allows
-        few tokens (at most 1/32 of the vocabulary); these rows are not masked: the sampler
-        reads their allowed logits alone, skipping two passes over the full row (a structural
-        position of a JSON guide allows a handful of tokens out of 129,280)."""
-        if logits.device.type != "cpu":
-            return {}
-        rows, end = [], 0
-        for s in batch:
-            end += s.num_logits
-            if _draws_one(s):
-                rows.append(end - 1)
-        if not rows:
-            return {}
-        return decoder.take_sparse_rows(rows, max(1, self.tokenizer.vocab_size // 32))
-
-    def _guide(self, batch: list[Scheduled], *, queued: bool = False) -> GuidedDecoder | None:
-        """Snapshot the batch for the decoder; None when no request in it is guided.
-
-        ``queued``: for a graph replay, whose host functions take the snapshot from the
-        capturable decoder's queue. Otherwise the decoder takes it directly: an eager step
-        builds from it, and a snapshot left in the queue would be taken by the next replay in
-        place of its own.
-        """
-        if all(s.request.params.guided_decoding is None for s in batch):
-            return None
-        snapshots = [_snapshot(s, self.max_model_len) for s in batch]
-        if queued:
-            assert self.graphs is not None
-            self.graphs.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
-        else:
-            self.decoder.add_batch(snapshots, num_draft_tokens=self.num_draft_tokens)
-        return self.decoder
-
-    def _advance(
-        self,
-        batch: list[Scheduled],
-        logits: torch.Tensor,
-        failures: dict[int, str],
-        sparse: dict[int, torch.Tensor],
-    ) -> None:
+    def _advance(self, batch: list[Scheduled], step: StepRows) -> None:
+        """Sample or verify each request's tokens from the step's rows, checked, and append
+        them (a request the guide failed finishes ``grammar_error``)."""
+        logits, failures, sparse = step.logits, step.failures, step.sparse
         # One pass over every row for the greedy requests; none when every request samples.
         if any(s.request.params.is_greedy for s in batch):
             best = greedy_tokens(logits)
         else:
             best = [None] * logits.shape[0]
-        drawn = self._draw(batch, logits, failures, sparse)  # the sampling requests
+        drawn = self._draw(batch, step)  # the sampling requests
         row = 0
         for s in batch:
             rows, row = slice(row, row + s.num_logits), row + s.num_logits
@@ -367,7 +271,7 @@ class EngineCore:
                     token = greedy_token(best, rows.stop - 1) if token is None else token
                     token = self._checked(s, rows.stop - 1, token, logits, sparse)
                 if not req.is_finished:  # a failed check has finished it
-                    self._verify(req, s, logits[rows], best[rows], token)
+                    self._verify(req, s, logits[rows], best[rows], token, step)
             req.generation_only_first = False
             if starting and not s.is_prefill:
                 req.guide_starts = False  # this step created its matcher
@@ -401,13 +305,7 @@ class EngineCore:
                 )
             )
 
-    def _draw(
-        self,
-        batch: list[Scheduled],
-        logits: torch.Tensor,
-        failures: dict[int, str],
-        sparse: dict[int, torch.Tensor],
-    ) -> dict[int, int]:
+    def _draw(self, batch: list[Scheduled], step: StepRows) -> dict[int, int]:
         """The sampled (not greedy) next token of every request that takes one from its last
         row without verifying drafts, by request id: one :func:`sample` call for the step,
         ``sparse`` rows read at their allowed tokens only."""
@@ -416,14 +314,14 @@ class EngineCore:
         for s in batch:
             end += s.num_logits
             req = s.request
-            if _draws_one(s) and req.request_id not in failures:
+            if s.draws_one and req.request_id not in step.failures:
                 rows.append(end - 1)
                 params.append(req.params)
                 generators.append(req.generator)
                 ids.append(req.request_id)
         if not rows:
             return {}
-        tokens = sample(logits, params, generators, rows=rows, allowed=sparse)
+        tokens = sample(step.logits, params, generators, rows=rows, allowed=step.sparse)
         return dict(zip(ids, tokens, strict=True))
 
     def _checked(
@@ -508,6 +406,7 @@ class EngineCore:
         rows: torch.Tensor,
         best: list[int | None],
         drawn: int | None,
+        step: StepRows,
     ) -> None:
         drafts = s.token_ids[1:]
         if not drafts:
@@ -516,7 +415,7 @@ class EngineCore:
             accepted, token = verify_greedy_tokens(best, drafts)
         else:
             assert req.generator is not None
-            target = TargetRows(rows, req.params, self._point_masses.get(req.request_id))
+            target = TargetRows(rows, req.params, step.point_masses.get(req.request_id))
             accepted, token = verify_rejection(target, req.draft_probs, drafts, req.generator)
         req.num_accepted_drafts = accepted
         req.num_computed += 1 + accepted
@@ -703,16 +602,10 @@ class EngineCore:
         self._next_id += 1
         return self._next_id - 1
 
-    def _record_step(self, times: StepTimes) -> None:
-        self.step_times.append(times)
-        self.stats.build_s += times.build_s
-        self.stats.mask_wait_s += times.wait_s
-        self.stats.apply_s += times.apply_s
-
     def close(self) -> None:
         """Stop the engine's worker threads (the build worker, the grammar pool) and its
         compile workers."""
-        self._builder.shutdown(wait=True)
+        self.forward.close()
         self.grammars.shutdown()
         if self.config.isolation is not None:
             self.config.isolation.close()
@@ -722,51 +615,3 @@ class EngineCore:
         self.stats.forward_s += t1 - t0
         self.stats.guide_s += t2 - t1
         self.stats.sample_s += t3 - t2
-
-
-def _timed_build(decoder: GuidedDecoder) -> tuple[list[tuple[int, str]], float]:
-    start = time.perf_counter()
-    failures = decoder.build()
-    return failures, time.perf_counter() - start
-
-
-def _slot(s: Scheduled) -> int:
-    assert s.request.slot is not None
-    return s.request.slot
-
-
-def _draws_one(s: Scheduled) -> bool:
-    """Whether the step samples (not greedy) one token from the request's last row, verifying
-    no drafts: its last prompt chunk, or a decode step without drafts."""
-    takes_one = s.is_last_chunk if s.is_prefill else len(s.token_ids) == 1
-    return takes_one and not s.request.params.is_greedy
-
-
-def _verifies(s: Scheduled) -> bool:
-    """Whether the step verifies drafts of the request: rows for its new token and each draft."""
-    return not s.is_prefill and len(s.token_ids) > 1
-
-
-def _snapshot(s: Scheduled, max_model_len: int) -> GuidedRequest:
-    req = s.request
-    assert req.slot is not None
-    params = None if req.thinking else req.params.guided_decoding
-    left = req.tokens_left(max_model_len) if req.params.close_within_budget else None
-    if s.is_prefill or req.guide_starts:  # the guide's start: a matcher, its first row
-        assert s.is_prefill or not s.token_ids[1:], "no drafts where the guide starts"
-        return GuidedRequest.context(
-            params,
-            request_id=req.request_id,
-            seq_slot=req.slot,
-            is_last_context_chunk=s.is_last_chunk or not s.is_prefill,
-            tokens_left=left,
-        )
-    return GuidedRequest.generation(
-        params,
-        request_id=req.request_id,
-        seq_slot=req.slot,
-        new_token=s.token_ids[0],
-        draft_tokens=s.token_ids[1:],
-        is_generation_only_first_iteration=req.generation_only_first,
-        tokens_left=left,
-    )

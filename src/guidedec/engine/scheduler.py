@@ -24,6 +24,19 @@ class Scheduled:
         token for generation (the new token and each draft token)."""
         return 1 if self.is_prefill else len(self.token_ids)
 
+    @property
+    def verifies(self) -> bool:
+        """Whether the step verifies drafts of the request: rows for its new token and each
+        draft."""
+        return not self.is_prefill and len(self.token_ids) > 1
+
+    @property
+    def draws_one(self) -> bool:
+        """Whether the step samples (not greedy) one token from the request's last row,
+        verifying no drafts: its last prompt chunk, or a decode step without drafts."""
+        takes_one = self.is_last_chunk if self.is_prefill else len(self.token_ids) == 1
+        return takes_one and not self.request.params.is_greedy
+
 
 class Scheduler:
     """Admits requests into ``max_num_seqs`` slots and fills each step's ``max_num_tokens``.

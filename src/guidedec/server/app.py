@@ -119,7 +119,11 @@ def create_app(
     app.state.engine = engine
     api = _Api(llm, engine, name, default_max_tokens, chat_template, tool_settings)
     add_error_handlers(app, api.metrics)
+    _add_routes(app, api)
+    return app
 
+
+def _add_routes(app: FastAPI, api: _Api) -> None:
     app.get("/health")(api.health)
     app.get("/version")(api.version)
     app.get("/metrics")(api.prometheus)
@@ -128,7 +132,6 @@ def create_app(
     app.post("/detokenize")(api.detokenize)
     app.post("/v1/completions", response_model=None)(api.completions)
     app.post("/v1/chat/completions", response_model=None)(api.chat_completions)
-    return app
 
 
 class _Api:

@@ -29,6 +29,8 @@ def test_a_missing_file_and_an_unreadable_one_are_errors_naming_them(
     monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="no such GGUF file"):
         LLM(str(tmp_path / "absent.gguf"))
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        LLM(tmp_path / "absent.gguf")  # a path object, as transformers takes
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + bytes(64))
     with pytest.raises(ValueError, match=r"the GGUF file '.*bad\.gguf' could not be read"):

@@ -111,7 +111,7 @@ class LLM(EngineCore):
 
     def __init__(
         self,
-        model: str = "tiny-random",
+        model: str | os.PathLike[str] = "tiny-random",
         *,
         backend: BackendName = "auto",
         max_num_seqs: int = 8,
@@ -152,7 +152,7 @@ class LLM(EngineCore):
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         k = num_draft_tokens if spec or jump_forward else 0
         budget = _token_budget(max_num_tokens, max_num_seqs, k)
-        loaded = load_model(model, device=device, dtype=dtype, seed=seed)
+        loaded = load_model(os.fspath(model), device=device, dtype=dtype, seed=seed)
         loaded = _with_max_len(loaded, max_model_len)
         # A daemonic process (a worker of a pool) may not start processes of its own.
         isolate = isolate_compiles and not multiprocessing.current_process().daemon

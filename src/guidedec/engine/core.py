@@ -26,13 +26,10 @@ the captured function again.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
-
-import torch
 
 from guidedec.decoder import GuidedDecoder
 from guidedec.decoder.capturable import CapturableGuidedDecoder
@@ -40,7 +37,7 @@ from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.grammar_pool import GrammarPool
 from guidedec.engine.graphs import DecodeGraphs
 from guidedec.engine.handoff import Handoff
-from guidedec.engine.logprobs import TokenLogprob, token_logprob
+from guidedec.engine.logprobs import TokenLogprob
 from guidedec.engine.masked_forward import MaskedForward, StepRows
 from guidedec.engine.model import LoadedModel
 from guidedec.engine.pacing import PACE_WINDOW, pace
@@ -50,12 +47,10 @@ from guidedec.engine.request import Request, RequestOutput
 from guidedec.engine.runner import SlotRunner
 from guidedec.engine.sampling import (
     SamplingParams,
-    TargetRows,
     greedy_token,
     greedy_tokens,
     make_draft_generator,
     make_generator,
-    sample,
     verify_greedy_tokens,
     verify_rejection,
 )
@@ -241,7 +236,7 @@ class EngineCore:
     def _advance(self, batch: list[Scheduled], step: StepRows) -> None:
         """Sample or verify each request's tokens from the step's rows, checked, and append
         them (a request the guide failed finishes ``grammar_error``)."""
-        logits, failures, sparse = step.logits, step.failures, step.sparse
+        logits, failures = step.logits, step.failures
         # One pass over every row for the greedy requests; none when every request samples.
         if any(s.request.params.is_greedy for s in batch):
             best = greedy_tokens(logits)
@@ -261,7 +256,7 @@ class EngineCore:
                 if s.is_last_chunk:
                     token = drawn.get(req.request_id)
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    token = self._checked(s, rows.stop - 1, token, logits, sparse)
+                    token = self._checked(s, rows.stop - 1, token, step)
                     if token is not None:
                         self._append(req, [token])
                     req.metrics.first_token = time.perf_counter()
@@ -269,41 +264,24 @@ class EngineCore:
                 token = drawn.get(req.request_id)
                 if len(s.token_ids) == 1:  # no drafts: the one token, checked for closing
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    token = self._checked(s, rows.stop - 1, token, logits, sparse)
+                    token = self._checked(s, rows.stop - 1, token, step)
                 if not req.is_finished:  # a failed check has finished it
-                    self._verify(req, s, logits[rows], best[rows], token, step)
+                    self._verify(req, s, rows, best[rows], token, step)
             req.generation_only_first = False
             if starting and not s.is_prefill:
                 req.guide_starts = False  # this step created its matcher
             if req.params.logprobs is not None:
                 first = rows.stop - 1 if s.is_prefill else rows.start
-                self._record_logprobs(req, before, first, logits, sparse)
+                self._record_logprobs(req, before, first, step)
 
-    def _record_logprobs(
-        self,
-        req: Request,
-        before: int,
-        first_row: int,
-        logits: torch.Tensor,
-        sparse: dict[int, torch.Tensor],
-    ) -> None:
+    def _record_logprobs(self, req: Request, before: int, first_row: int, step: StepRows) -> None:
         """The log-probabilities of the tokens this step added to ``req`` (the k-th from row
-        ``first_row + k``: masked in place, or read at its allowed ids when sparse)."""
-        params, entries = req.params, req.logprobs
+        ``first_row + k``)."""
+        entries = req.logprobs
         if entries is None:
             entries = req.logprobs = []
-        assert params.logprobs is not None
         for k, token in enumerate(req.output_token_ids[before:]):
-            row = first_row + k
-            entries.append(
-                token_logprob(
-                    logits[row],
-                    token,
-                    temperature=params.temperature,
-                    num_top=params.logprobs,
-                    allowed=sparse.get(row),
-                )
-            )
+            entries.append(step.logprob(first_row + k, token, req.params))
 
     def _draw(self, batch: list[Scheduled], step: StepRows) -> dict[int, int]:
         """The sampled (not greedy) next token of every request that takes one from its last
@@ -321,7 +299,7 @@ class EngineCore:
                 ids.append(req.request_id)
         if not rows:
             return {}
-        tokens = sample(step.logits, params, generators, rows=rows, allowed=step.sparse)
+        tokens = step.draw(rows, params, generators)
         return dict(zip(ids, tokens, strict=True))
 
     def _checked(
@@ -329,8 +307,7 @@ class EngineCore:
         s: Scheduled,
         row: int,
         token: int,
-        logits: torch.Tensor,
-        sparse: dict[int, torch.Tensor],
+        step: StepRows,
     ) -> int | None:
         """``token``, or another one sampled from the same row without it, when after it no
         completion of the request's guide fits what is left of its budget (budget-aware
@@ -366,7 +343,7 @@ class EngineCore:
                 tokens_left=left,
                 output_ids=req.output_token_ids,
                 tokenizer=self.tokenizer,
-                redraw=lambda banned: self._redraw(req, row, logits, sparse, banned),
+                redraw=lambda banned: step.redraw(row, req.params, req.generator, banned),
             )
         except REQUEST_ERRORS as exc:
             message = f"request {req.request_id} (slot {slot}) failed in guided decoding: {exc}"
@@ -378,36 +355,17 @@ class EngineCore:
             req.forced_from = len(req.output_token_ids)  # the budget chose this token
         return token
 
-    def _redraw(
-        self,
-        req: Request,
-        row: int,
-        logits: torch.Tensor,
-        sparse: dict[int, torch.Tensor],
-        banned: list[int],
-    ) -> int | None:
-        """A token from ``row`` with ``banned`` tokens removed (None when nothing is left)."""
-        ids = sparse.get(row)
-        if ids is not None:
-            kept = ids[~torch.isin(ids, torch.tensor(banned, dtype=ids.dtype))]
-            if kept.numel() == 0:
-                return None
-            return sample(logits, [req.params], [req.generator], rows=[row], allowed={row: kept})[0]
-        x = logits[row : row + 1].clone()
-        x[0, banned] = -math.inf
-        if not bool(torch.isfinite(x.amax())):
-            return None
-        return sample(x, [req.params], [req.generator])[0]
-
     def _verify(
         self,
         req: Request,
         s: Scheduled,
-        rows: torch.Tensor,
+        rows: slice,
         best: list[int | None],
         drawn: int | None,
         step: StepRows,
     ) -> None:
+        """Take the request's token (``drawn``, else the greedy one) or, with drafts, the drafts
+        its rows accept and the token after them (``rows``: its rows of the step)."""
         drafts = s.token_ids[1:]
         if not drafts:
             accepted, token = 0, greedy_token(best, len(best) - 1) if drawn is None else drawn
@@ -415,7 +373,7 @@ class EngineCore:
             accepted, token = verify_greedy_tokens(best, drafts)
         else:
             assert req.generator is not None
-            target = TargetRows(rows, req.params, step.point_masses.get(req.request_id))
+            target = step.target(rows, req.params, req.request_id)
             accepted, token = verify_rejection(target, req.draft_probs, drafts, req.generator)
         req.num_accepted_drafts = accepted
         req.num_computed += 1 + accepted

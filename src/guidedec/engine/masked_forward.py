@@ -20,6 +20,7 @@ inside (:class:`~guidedec.engine.graphs.DecodeGraphs`): its build is not timed a
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,9 @@ import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest
 from guidedec.engine.graphs import DecodeGraphs, is_decode_step
+from guidedec.engine.logprobs import TokenLogprob, token_logprob
 from guidedec.engine.runner import ForwardInput, SlotRunner
+from guidedec.engine.sampling import SamplingParams, TargetRows, sample
 from guidedec.engine.scheduler import Scheduled
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
 
@@ -52,6 +55,53 @@ class StepRows:
     """Row -> its allowed token ids, for rows left unmasked."""
     point_masses: dict[int, dict[int, int]] = field(default_factory=dict)
     """Request id -> {row within the request's rows: the one token its mask allows}."""
+
+    def draw(
+        self,
+        rows: list[int],
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> list[int]:
+        """A sampled token from each of ``rows`` (one :func:`sample` call; sparse rows read at
+        their allowed tokens only)."""
+        return sample(self.logits, params, generators, rows=rows, allowed=self.sparse)
+
+    def redraw(
+        self,
+        row: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        banned: list[int],
+    ) -> int | None:
+        """A token from ``row`` with ``banned`` tokens removed (None when nothing is left)."""
+        ids = self.sparse.get(row)
+        if ids is not None:
+            kept = ids[~torch.isin(ids, torch.tensor(banned, dtype=ids.dtype))]
+            if kept.numel() == 0:
+                return None
+            return sample(self.logits, [params], [generator], rows=[row], allowed={row: kept})[0]
+        x = self.logits[row : row + 1].clone()
+        x[0, banned] = -math.inf
+        if not bool(torch.isfinite(x.amax())):
+            return None
+        return sample(x, [params], [generator])[0]
+
+    def logprob(self, row: int, token: int, params: SamplingParams) -> TokenLogprob:
+        """``token``'s log-probability at ``row`` (masked in place, or read at its allowed ids
+        when sparse), with the row's ``params.logprobs`` most likely tokens."""
+        assert params.logprobs is not None
+        return token_logprob(
+            self.logits[row],
+            token,
+            temperature=params.temperature,
+            num_top=params.logprobs,
+            allowed=self.sparse.get(row),
+        )
+
+    def target(self, rows: slice, params: SamplingParams, request_id: int) -> TargetRows:
+        """A request's verification rows, as rejection sampling reads them (its point masses
+        included)."""
+        return TargetRows(self.logits[rows], params, self.point_masses.get(request_id))
 
 
 class MaskedForward:

@@ -22,6 +22,7 @@ Run: ``HF_HUB_OFFLINE=1 guidedec bench closing``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -39,6 +40,7 @@ from guidedec.bench.cases import SHARED_DATA
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bench.text import plain
+from guidedec.decoder.closing import ClosingStats
 from guidedec.errors import GrammarError
 
 DATA = SHARED_DATA / "jsonschemabench"
@@ -159,6 +161,24 @@ def run_mode(llm: LLM, batch: list[tuple[str, Any, SamplingParams]], tally: Tall
             tally.other += 1
 
 
+@dataclass
+class _Searches:
+    """What closing's search did over a run's closing rounds."""
+
+    searches: int = 0
+    nodes: int = 0
+    forced: int = 0
+    redrawn: int = 0
+    search_s: float = 0.0
+
+    def add(self, after: ClosingStats, before: ClosingStats) -> None:
+        self.searches += after.searches - before.searches
+        self.nodes += after.nodes - before.nodes
+        self.forced += after.forced_rows - before.forced_rows
+        self.redrawn += after.resampled - before.resampled
+        self.search_s += after.search_s - before.search_s
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--schemas", type=int, default=4, help="schemas per subset")
@@ -170,23 +190,29 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM("tiny-random", max_num_seqs=32)
     schemas = load_schemas(args.schemas, llm)
     tallies = {"closing": Tally(), "off": Tally()}
-    searches = nodes = forced = redrawn = 0
-    search_s = 0.0
+    search = _Searches()
     for round_index in range(args.rounds):
         order = ["closing", "off"] if round_index % 2 == 0 else ["off", "closing"]
         for mode in order:
-            stats = llm.decoder.closer.stats
-            before = (stats.searches, stats.nodes, stats.forced_rows, stats.resampled)
-            before_s = stats.search_s
+            before = dataclasses.replace(llm.decoder.closer.stats)
             run_mode(llm, requests(schemas, args.seeds, mode == "closing"), tallies[mode])
             if mode == "closing":
-                searches += stats.searches - before[0]
-                nodes += stats.nodes - before[1]
-                forced += stats.forced_rows - before[2]
-                redrawn += stats.resampled - before[3]
-                search_s += stats.search_s - before_s
+                search.add(llm.decoder.closer.stats, before)
     llm.close()
     total = len(requests(schemas, args.seeds, True)) * args.rounds
+    text = _summary(args, schemas, tallies, search, total)
+    print(text)
+    if args.out is not None:
+        _write(args.out, text, schemas, tallies, search)
+
+
+def _summary(
+    args: argparse.Namespace,
+    schemas: list[tuple[str, Any]],
+    tallies: dict[str, Tally],
+    search: _Searches,
+    total: int,
+) -> str:
     lines = [
         f"tiny-random, temperature 1; {len(schemas)} JSON schemas ({args.schemas} per subset of "
         f"{', '.join(SUBSETS)}) + regex, EBNF, choice; max_tokens {list(BUDGETS)}; "
@@ -212,10 +238,11 @@ def main(argv: list[str] | None = None) -> None:
     per_token = {m: t.seconds / max(1, t.tokens) for m, t in tallies.items()}
     lines += [
         "",
-        f"closing: {searches} searches ({nodes} states, {1e3 * search_s:.0f} ms, "
-        f"{1e3 * search_s / max(1, on.tokens):.3f} ms per generated token), {forced} forced "
-        f"rows, {redrawn} redrawn tokens; wall time per token closing / off: "
-        f"{per_token['closing'] / per_token['off']:.2f}x",
+        f"closing: {search.searches} searches ({search.nodes} states, "
+        f"{1e3 * search.search_s:.0f} ms, "
+        f"{1e3 * search.search_s / max(1, on.tokens):.3f} ms per generated token), "
+        f"{search.forced} forced rows, {search.redrawn} redrawn tokens; wall time per token "
+        f"closing / off: {per_token['closing'] / per_token['off']:.2f}x",
         f"target: 100% complete with closing wherever a completion fits: {on.complete} of "
         f"{total} ({100 * on.complete / total:.1f}%); {on.no_fit} cut where the search found no "
         f"completion that fits (its completions are short, not always the shortest: such an "
@@ -224,35 +251,42 @@ def main(argv: list[str] | None = None) -> None:
         f"{tallies['off'].invalid_stop} off; {on.schema_errors} complete outputs broke a schema "
         f"the backend approximates and ended grammar_error naming where",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        report = {
-            "argv": sys.argv[1:],
-            **environment(),
-            "schemas": [name for name, _ in schemas],
-            "tallies": {m: t.__dict__ for m, t in tallies.items()},
-            "closing": {
-                "searches": searches,
-                "nodes": nodes,
-                "search_s": search_s,
-                "forced_rows": forced,
-                "redrawn": redrawn,
-            },
-        }
-        write_report(args.out, "bench_closing", report)
-        write_summary(args.out, text)
-        grouped_bars(
-            args.out / "bench_closing.png",
-            title="tiny-random, temperature 1: guided outputs complete within max_tokens",
-            ylabel="complete (stop) %",
-            groups=[f"max_tokens {b}" for b in BUDGETS],
-            series={
-                mode: [100 * t.by_budget[b][0] / t.by_budget[b][1] for b in BUDGETS]
-                for mode, t in tallies.items()
-            },
-            label_format="%.0f",
-        )
+    return "\n".join(lines)
+
+
+def _write(
+    out: Path,
+    text: str,
+    schemas: list[tuple[str, Any]],
+    tallies: dict[str, Tally],
+    search: _Searches,
+) -> None:
+    report = {
+        "argv": sys.argv[1:],
+        **environment(),
+        "schemas": [name for name, _ in schemas],
+        "tallies": {m: t.__dict__ for m, t in tallies.items()},
+        "closing": {
+            "searches": search.searches,
+            "nodes": search.nodes,
+            "search_s": search.search_s,
+            "forced_rows": search.forced,
+            "redrawn": search.redrawn,
+        },
+    }
+    write_report(out, "bench_closing", report)
+    write_summary(out, text)
+    grouped_bars(
+        out / "bench_closing.png",
+        title="tiny-random, temperature 1: guided outputs complete within max_tokens",
+        ylabel="complete (stop) %",
+        groups=[f"max_tokens {b}" for b in BUDGETS],
+        series={
+            mode: [100 * t.by_budget[b][0] / t.by_budget[b][1] for b in BUDGETS]
+            for mode, t in tallies.items()
+        },
+        label_format="%.0f",
+    )
 
 
 if __name__ == "__main__":

@@ -152,24 +152,7 @@ def rescored(path: Path) -> tuple[list[Task], list[str], dict[str, dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
-    parser.add_argument("--model", default=SMOLLM2)
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    parser.add_argument(
-        "--limit",
-        type=int,
-        help="items per task (default: extraction 60, each BFCL category 30, puzzles 120)",
-    )
-    parser.add_argument("--vllm", metavar="PYTHON", help="vLLM's Python (.venv-vllm/bin/python)")
-    parser.add_argument("--out", type=Path, help="directory for bench_quality.json and plots")
-    parser.add_argument(
-        "--rescore",
-        type=Path,
-        metavar="JSON",
-        help="judge the outputs of an earlier run's bench_quality.json again; decode nothing",
-    )
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.rescore is not None:
         tasks, order, done = rescored(args.rescore)
     else:
@@ -195,25 +178,55 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(text)
     if args.out is not None:
-        report = {
-            "argv": sys.argv[1:],
-            **environment(),
-            "results": {k: {m: vars(t) for m, t in v.items()} for k, v in results.items()},
-            "outputs": details,
-        }
-        write_report(args.out, "bench_quality", report)
-        write_summary(args.out, text)
-        grouped_bars(
-            args.out / "quality.png",
-            title=f"Accuracy on {args.model}",
-            ylabel="accuracy (%)",
-            groups=[t.name.removeprefix("bfcl ") for t in tasks],
-            series={
-                m: [
-                    100 * results[t.name][m].accuracy if m in results[t.name] else None
-                    for t in tasks
-                ]
-                for m in order
-            },
-            label_format="%.0f",
-        )
+        _write(args, text, tasks, order, results, details)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
+    parser.add_argument("--model", default=SMOLLM2)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument(
+        "--limit",
+        type=int,
+        help="items per task (default: extraction 60, each BFCL category 30, puzzles 120)",
+    )
+    parser.add_argument("--vllm", metavar="PYTHON", help="vLLM's Python (.venv-vllm/bin/python)")
+    parser.add_argument("--out", type=Path, help="directory for bench_quality.json and plots")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="JSON",
+        help="judge the outputs of an earlier run's bench_quality.json again; decode nothing",
+    )
+    return parser
+
+
+def _write(
+    args: argparse.Namespace,
+    text: str,
+    tasks: list[Task],
+    order: list[str],
+    results: dict[str, dict[str, Tally]],
+    details: dict[str, dict[str, Any]],
+) -> None:
+    """bench_quality.json (tallies and every output), summary.md and quality.png."""
+    report = {
+        "argv": sys.argv[1:],
+        **environment(),
+        "results": {k: {m: vars(t) for m, t in v.items()} for k, v in results.items()},
+        "outputs": details,
+    }
+    write_report(args.out, "bench_quality", report)
+    write_summary(args.out, text)
+    grouped_bars(
+        args.out / "quality.png",
+        title=f"Accuracy on {args.model}",
+        ylabel="accuracy (%)",
+        groups=[t.name.removeprefix("bfcl ") for t in tasks],
+        series={
+            m: [100 * results[t.name][m].accuracy if m in results[t.name] else None for t in tasks]
+            for m in order
+        },
+        label_format="%.0f",
+    )

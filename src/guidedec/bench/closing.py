@@ -161,22 +161,12 @@ def run_mode(llm: LLM, batch: list[tuple[str, Any, SamplingParams]], tally: Tall
             tally.other += 1
 
 
-@dataclass
-class _Searches:
-    """What closing's search did over a run's closing rounds."""
-
-    searches: int = 0
-    nodes: int = 0
-    forced: int = 0
-    redrawn: int = 0
-    search_s: float = 0.0
-
-    def add(self, after: ClosingStats, before: ClosingStats) -> None:
-        self.searches += after.searches - before.searches
-        self.nodes += after.nodes - before.nodes
-        self.forced += after.forced_rows - before.forced_rows
-        self.redrawn += after.resampled - before.resampled
-        self.search_s += after.search_s - before.search_s
+def _add_difference(total: ClosingStats, after: ClosingStats, before: ClosingStats) -> None:
+    """Add to ``total`` what closing did between two snapshots of its counters."""
+    for f in dataclasses.fields(ClosingStats):
+        setattr(
+            total, f.name, getattr(total, f.name) + getattr(after, f.name) - getattr(before, f.name)
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,14 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM("tiny-random", max_num_seqs=32)
     schemas = load_schemas(args.schemas, llm)
     tallies = {"closing": Tally(), "off": Tally()}
-    search = _Searches()
+    search = ClosingStats()  # over the closing rounds
     for round_index in range(args.rounds):
         order = ["closing", "off"] if round_index % 2 == 0 else ["off", "closing"]
         for mode in order:
             before = dataclasses.replace(llm.decoder.closer.stats)
             run_mode(llm, requests(schemas, args.seeds, mode == "closing"), tallies[mode])
             if mode == "closing":
-                search.add(llm.decoder.closer.stats, before)
+                _add_difference(search, llm.decoder.closer.stats, before)
     llm.close()
     total = len(requests(schemas, args.seeds, True)) * args.rounds
     text = _summary(args, schemas, tallies, search, total)
@@ -210,7 +200,7 @@ def _summary(
     args: argparse.Namespace,
     schemas: list[tuple[str, Any]],
     tallies: dict[str, Tally],
-    search: _Searches,
+    search: ClosingStats,
     total: int,
 ) -> str:
     lines = [
@@ -241,7 +231,7 @@ def _summary(
         f"closing: {search.searches} searches ({search.nodes} states, "
         f"{1e3 * search.search_s:.0f} ms, "
         f"{1e3 * search.search_s / max(1, on.tokens):.3f} ms per generated token), "
-        f"{search.forced} forced rows, {search.redrawn} redrawn tokens; wall time per token "
+        f"{search.forced_rows} forced rows, {search.resampled} redrawn tokens; wall time per token "
         f"closing / off: {per_token['closing'] / per_token['off']:.2f}x",
         f"target: 100% complete with closing wherever a completion fits: {on.complete} of "
         f"{total} ({100 * on.complete / total:.1f}%); {on.no_fit} cut where the search found no "
@@ -259,7 +249,7 @@ def _write(
     text: str,
     schemas: list[tuple[str, Any]],
     tallies: dict[str, Tally],
-    search: _Searches,
+    search: ClosingStats,
 ) -> None:
     report = {
         "argv": sys.argv[1:],
@@ -270,8 +260,8 @@ def _write(
             "searches": search.searches,
             "nodes": search.nodes,
             "search_s": search.search_s,
-            "forced_rows": search.forced,
-            "redrawn": search.redrawn,
+            "forced_rows": search.forced_rows,
+            "redrawn": search.resampled,
         },
     }
     write_report(out, "bench_closing", report)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-import guidedec.decoder.base
-import guidedec.decoder.completion
+import guidedec.decoder.closing.search
+import guidedec.decoder.fill_timing
 import guidedec.engine.core
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.decoder.closing import BudgetCloser
@@ -87,9 +87,9 @@ class _AtOnce(cf.Executor):
 
 
 def pin_timing(monkeypatch: pytest.MonkeyPatch, timed: bool) -> None:
-    monkeypatch.setattr(guidedec.decoder.base, "FILL_TIMING_S", 0.0 if timed else math.inf)
+    monkeypatch.setattr(guidedec.decoder.fill_timing, "FILL_TIMING_S", 0.0 if timed else math.inf)
     monkeypatch.setattr(guidedec.engine.core, "pace", lambda *args: 0)
-    monkeypatch.setattr(guidedec.decoder.completion, "SLOW_SEARCH_S", math.inf)
+    monkeypatch.setattr(guidedec.decoder.closing.search, "SLOW_SEARCH_S", math.inf)
 
 
 def injection_points(calls: dict[Site, int]) -> list[tuple[Site, int]]:

@@ -25,13 +25,9 @@ from hypothesis import strategies as st
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import COMMITTING_CASES, COMMITTING_GRAMMARS, JSON_CASES
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.closing import THINK_ROOM, WINDOW, BudgetCloser, _rests
-from guidedec.decoder.completion import (
-    MAX_DEPTH,
-    SLOW_SEARCH_S,
-    CompletionSearch,
-    completes,
-)
+from guidedec.decoder.closing import THINK_ROOM, WINDOW, BudgetCloser, CompletionSearch, completes
+from guidedec.decoder.closing.search import MAX_DEPTH, SLOW_SEARCH_S
+from guidedec.decoder.closing.witness import rests as witness_rests
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.guide_words import guide_words
 from guidedec.grammar.matcher import (
@@ -578,7 +574,7 @@ def test_the_witness_s_text_in_another_split_is_encoded_again_not_searched(
     assert all(matcher.accept_token(t) for t in tokenizer.encode(prefix))
     # The slot's witness for the state at ``prefix``: found by a search.
     (token,) = tokenizer.encode(written)
-    witness = closer._find(params, matcher, 40)
+    witness = closer.witnesses.find(params, matcher, 40)
     assert witness is not None
     closer._slots[0].witness = witness
     text = tokenizer.decode(witness[:-1])
@@ -754,7 +750,7 @@ def test_every_output_of_a_guide_starts_from_its_first_output_s_witness(
     for text in ['{"name": "a', '{"name": "a", "age": 1', '{"name": "a", "age": ']:
         other = factory.create(params)
         assert all(other.accept_token(t) for t in tokenizer.encode(text))
-        closer._find(params, other, 40)
+        closer.witnesses.find(params, other, 40)
     assert closer.stats.searches == 4  # the kept witnesses: three others, newest first
     second = _CountingCompletes(factory.create(params))
     _CountingCompletes.calls = 0
@@ -788,7 +784,7 @@ def test_a_token_that_keeps_the_witness_is_checked_in_one_completes(
     closer = BudgetCloser(tokenizer, num_slots=1)
     matcher = _CountingMoves(make_factory(backend).create(params))
     assert all(matcher.accept_token(t) for t in tokenizer.encode('{"name": "ab'))
-    witness = closer._find(params, matcher, 40)
+    witness = closer.witnesses.find(params, matcher, 40)
     assert witness is not None
     closer._slots[0].witness = witness
     (content,) = tokenizer.encode("x")
@@ -826,7 +822,7 @@ def test_a_respelled_rest_is_encoded_once(
         matcher = factory.create(params)
         assert all(matcher.accept_token(t) for t in encode('{"na'))
         witness = [*encode('name": "", "age": 0}'), tokenizer.stop_token_ids[0]]
-        found = closer._respelled(matcher, witness, token, 40)  # ``na`` is accepted
+        found = closer.witnesses.respelled(matcher, witness, token, 40)  # ``na`` is accepted
         assert found is not None and completes(matcher, found)
     assert encoded == ["na", 'me": "", "age": 0}']  # the token's own encode, then the rest once
 
@@ -862,10 +858,12 @@ def test_the_witness_s_rest_after_what_the_token_wrote_is_found_without_a_search
     assert all(matcher.accept_token(t) for t in [*tokenizer.encode(before), token])
     stop = tokenizer.stop_token_ids[0]
     witness = [*tokenizer.encode(witness_text), stop]
-    found = closer._respelled(matcher, witness, token, 40)
+    found = closer.witnesses.respelled(matcher, witness, token, 40)
     assert found == [*tokenizer.encode(rest), stop]
     assert completes(matcher, found) and closer.stats.respelled == 1
-    assert closer._respelled(matcher, witness, token, len(found) - 1) is None  # over the limit
+    assert (
+        closer.witnesses.respelled(matcher, witness, token, len(found) - 1) is None
+    )  # over the limit
 
 
 @given(written=st.text('ab ,"\n', max_size=4), text=st.text('ab,"}', max_size=8))
@@ -875,7 +873,7 @@ def test_each_rest_is_what_follows_the_token_s_text_in_the_witness_s(
     """Each rest is ``text`` after an occurrence of ``written`` (whitespace stripped), or of
     its end at the start: what the output would still have to write had it followed the
     witness. The rest after ``written`` itself comes first."""
-    rests = _rests(written, text)
+    rests = witness_rests(written, text)
     solid = written.strip()
     for rest in rests:
         assert text.endswith(rest)
@@ -899,7 +897,7 @@ def test_think_first_free_text_leaves_its_value_room_of_its_own(
     matcher = make_factory(backend).create(params)
     assert all(matcher.accept_token(t) for t in tokenizer.encode("Let me think"))
     closer = BudgetCloser(tokenizer, num_slots=1)
-    witness = closer._find(params, matcher, 64)
+    witness = closer.witnesses.find(params, matcher, 64)
     assert witness is not None and witness[0] == tokenizer.encode("{")[0]
     word, (opener,) = tokenizer.encode(" more")[0], tokenizer.encode("{")
     need = len(witness) + THINK_ROOM + 1  # the word, then room, then the witness

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from guidedec import GuidedDecodingParams, TokenizerInfo
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.completion import DigitTokens
+from guidedec.decoder.closing import DigitTokens
 from guidedec.decoder.row_rules import MAX_DIGIT_RUN, DigitRunRule, RootTypeRule, RowRules
 from guidedec.errors import MatcherError
 from guidedec.grammar.batch_fill import BatchFiller

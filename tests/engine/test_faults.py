@@ -26,8 +26,8 @@ STEERED = {
 CLOSING = frozenset(
     {
         "guidedec.decoder.base:_close",
-        "guidedec.decoder.closing:admits",
-        "guidedec.decoder.completion:_probe",
+        "guidedec.decoder.closing.closer:admits",
+        "guidedec.decoder.closing.search:_probe",
     }
 )
 SCENARIOS = {
@@ -44,7 +44,7 @@ SCENARIOS = {
         | {
             "guidedec.decoder.base:_advance_running",
             "guidedec.decoder.base:_start_request",
-            "guidedec.decoder.rows:_fill_request",
+            "guidedec.decoder.rows:fill_request",
         },
     ),
     "llguidance: closing, every fill timed": Scenario(
@@ -55,7 +55,7 @@ SCENARIOS = {
         ),
         healthy=HEALTHY,
         timed=True,
-        reaches=CLOSING | {"guidedec.decoder.rows:_timed_fill"},
+        reaches=CLOSING | {"guidedec.decoder.fill_timing:fill"},
     ),
     # The probe runs into the cycle of (ab)*: the search proper runs.
     "llguidance: closing's search": Scenario(
@@ -66,7 +66,7 @@ SCENARIOS = {
         ),
         healthy=HEALTHY,
         reaches=CLOSING
-        | {"guidedec.decoder.completion:_search", "guidedec.decoder.completion:_expand"},
+        | {"guidedec.decoder.closing.search:_search", "guidedec.decoder.closing.search:_expand"},
     ),
     "llguidance: the static graph path": Scenario(
         engine={"backend": "llguidance", "cuda_graphs": True, "max_num_seqs": 3},
@@ -76,7 +76,7 @@ SCENARIOS = {
         ),
         healthy=HEALTHY,
         reaches=CLOSING
-        | {"guidedec.decoder.base:_advance_running", "guidedec.decoder.rows:_fill_request"},
+        | {"guidedec.decoder.base:_advance_running", "guidedec.decoder.rows:fill_request"},
     ),
 }
 

@@ -27,7 +27,7 @@ SCENARIOS = {
         reaches=frozenset(
             {
                 "guidedec.decoder.decoder:forced_tokens",
-                "guidedec.decoder.rows:_fill_request",
+                "guidedec.decoder.rows:fill_request",
             }
         ),
     ),
@@ -38,7 +38,7 @@ SCENARIOS = {
         reaches=frozenset(
             {
                 "guidedec.decoder.base:_advance",
-                "guidedec.decoder.rows:_fill_request",
+                "guidedec.decoder.rows:fill_request",
                 "guidedec.decoder.decoder:_rollback_rejected",
                 "guidedec.decoder.decoder:rollback_draft_tokens",
             }
@@ -48,9 +48,7 @@ SCENARIOS = {
         engine={"backend": "llguidance", "fill_mode": "parallel", "max_num_seqs": 6},
         faulty=FAULTY,
         healthy=[*HEALTHY, *HEALTHY[:1] * 3],
-        reaches=frozenset(
-            {"guidedec.decoder.rows:_fill_wave", "guidedec.decoder.rows:_after_fill"}
-        ),
+        reaches=frozenset({"guidedec.decoder.rows:fill_wave", "guidedec.decoder.rows:_after_fill"}),
     ),
 }
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from guidedec.bitmask import allocate_bitmask
-from guidedec.decoder.completion import CompletionSearch
+from guidedec.decoder.closing import CompletionSearch
 from guidedec.grammar.guide_words import guide_words
 from guidedec.grammar.matcher import GrammarMatcherFactory
 from guidedec.grammar.params import GuidedDecodingParams

@@ -20,7 +20,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 import guidedec  # noqa: E402
-import guidedec.decoder.completion  # noqa: E402
+import guidedec.decoder.closing.search  # noqa: E402
 from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
 from guidedec.bitmask import apply_bitmask  # noqa: E402
 from guidedec.engine.model import export_model  # noqa: E402
@@ -467,7 +467,7 @@ def faulty_engine(model_dir: Path) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Every run makes the same calls: the closing search's time limit is lifted.
-        patch.setattr(guidedec.decoder.completion, "SLOW_SEARCH_S", math.inf)
+        patch.setattr(guidedec.decoder.closing.search, "SLOW_SEARCH_S", math.inf)
         # The faults find their request by its guide as written: objects stay open.
         options = {"backend": "llguidance", "disable_additional_properties": False}
         llm = _vllm(model_dir, _FaultyProcessor, additional_config={"guidedec": options})
@@ -524,7 +524,7 @@ def test_a_backend_failure_at_each_plugin_call_site_ends_its_request_alone(
     sites = sorted(plan.calls)
     reached = {site for _, site in sites}
     plugin = {f"guidedec.integrations.vllm:{name}" for name in ("_feed", "_fill", "_close")}
-    assert plugin | {"guidedec.decoder.completion:witness"} <= reached, reached
+    assert plugin | {"guidedec.decoder.closing.search:witness"} <= reached, reached
     stops = set(faulty_engine.get_tokenizer().all_special_ids)
     for method, site in sites:
         plan.arm(method, site)

@@ -2,8 +2,8 @@
 
 from guidedec.decoder.base import BaseGuidedDecoder
 from guidedec.decoder.decoder import GuidedDecoder, GuidedStep
+from guidedec.decoder.errors import RequestError
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
-from guidedec.decoder.rows import RequestError
 from guidedec.decoder.stats import DecoderStats
 
 __all__ = [

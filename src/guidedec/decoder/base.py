@@ -13,30 +13,18 @@ import math
 from collections.abc import Sequence
 from time import perf_counter
 
-import numpy as np
 import torch
 
-from guidedec.bitmask import (
-    HostRowChecker,
-    allocate_bitmask,
-    apply_bitmask_sharded,
-    sparse_allowed_tokens,
-)
-from guidedec.bitmask.layout import token_word
+from guidedec.decoder.buffers import BitmaskBuffers
 from guidedec.decoder.closing import BudgetCloser
+from guidedec.decoder.errors import Failure, RequestError, SlowMasksError, failure_message
+from guidedec.decoder.fill_timing import FillTiming
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
 from guidedec.decoder.row_rules import RowRules
-from guidedec.decoder.rows import (
-    Failure,
-    RequestError,
-    RowFill,
-    RowFilling,
-    SlowMasksError,
-)
+from guidedec.decoder.rows import RowFill, RowFiller
 from guidedec.decoder.slots import SlotState
 from guidedec.decoder.stats import DecoderStats
-from guidedec.decoder.streams import StepSync
 from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
@@ -51,16 +39,9 @@ from guidedec.grammar.params import GuidedDecodingParams
 
 _ADVANCED = -1
 """A new token accepted, its row not filled yet (beside the statuses of ``advance_and_fill``)."""
-FILL_TIMING_S = 4e-3
-"""A build slower than this (or than the mask-time limit, if lower) has the builds after it time
-each fill, for the mask-time limit and for :meth:`BaseGuidedDecoder.fill_times`; a build of fast
-masks pays nothing for either."""
-TIMING_HOLD = 64
-"""Fast builds in a row after which fills are no longer timed (more than a paced request sits
-out: see :mod:`guidedec.engine.pacing`)."""
 
 
-class BaseGuidedDecoder(RowFilling):
+class BaseGuidedDecoder:
     """Batched guided decoding over ``max_num_sequences`` sequence slots: one step at a time.
 
     Buffers: ``max_num_sequences * (max_num_draft_tokens + 1)`` bitmask rows of
@@ -106,12 +87,13 @@ class BaseGuidedDecoder(RowFilling):
         self.device = torch.device(device)
         self.rank = rank
         self.factory = factory
-        self._filler = BatchFiller(config.fill_mode, config.fill_threads)
-        self._min_wave = self._filler.min_parallel_rows  # fewer requests: no wave
-        limit = config.mask_time_limit_ms
-        self._mask_limit_s = math.inf if limit is None else limit / 1e3  # inf: no limit
-        self._timing_s = min(self._mask_limit_s, FILL_TIMING_S)
-        self._allocate_buffers()
+        self.buffers = buffers = BitmaskBuffers(
+            self.max_num_rows, self.vocab_size, self.device, rank
+        )
+        # The buffers under their public names (the same tensors).
+        self.bitmask_host, self.token_mask_host = buffers.bitmask_host, buffers.token_mask_host
+        self.bitmask, self.token_mask = buffers.bitmask, buffers.token_mask
+        self.sync = buffers.sync
         self.slots = slots = SlotState.empty(max_num_sequences)
         # The slots' lists under their public names (the same list objects).
         self.grammar_matchers = slots.matchers
@@ -120,8 +102,6 @@ class BaseGuidedDecoder(RowFilling):
         self.num_advanced_draft_tokens = slots.num_advanced_draft_tokens
         self.is_draft_terminated = slots.is_draft_terminated
         self._num_verifiable_tokens = slots.num_verifiable_tokens
-        self._slow_fills = slots.slow_fills
-        self._fill_s = slots.fill_s
         # Generation-only requests whose matcher init_disagg_gen_requests made (True) or failed
         # to make (False, already reported) for the coming target build.
         self._disagg_init: dict[int, bool] = {}
@@ -129,32 +109,15 @@ class BaseGuidedDecoder(RowFilling):
         self.stats = DecoderStats()
         self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
         self.rules = RowRules(config.tokenizer)
-        self._time_fills = False  # fills are timed after a slow build (see _timed_fill)
-        self._fast_builds = 0  # builds in a row under FILL_TIMING_S while timing
-        self._timed_batch: GuidedRequests | None = None  # the last build, if it timed fills
+        limit = config.mask_time_limit_ms
+        self.timing = FillTiming(slots, math.inf if limit is None else limit / 1e3)
+        self._filler = BatchFiller(config.fill_mode, config.fill_threads)
+        self.rows = RowFiller(buffers, slots, self.timing, self._filler, self.stats, self._fail)
 
     @property
     def max_num_rows(self) -> int:
         """Bitmask rows: one per sequence position (new token + each draft token)."""
         return self.max_num_sequences * (self.max_num_draft_tokens + 1)
-
-    def _allocate_buffers(self) -> None:
-        rows, on_cuda = self.max_num_rows, self.device.type == "cuda"
-        self.bitmask_host = allocate_bitmask(rows, self.vocab_size, pin_memory=on_cuda)
-        self.token_mask_host = torch.zeros(rows, dtype=torch.int32, pin_memory=on_cuda)
-        if on_cuda:
-            self.bitmask = torch.empty_like(self.bitmask_host, device=self.device)
-            self.token_mask = torch.empty_like(self.token_mask_host, device=self.device)
-        else:
-            self.bitmask, self.token_mask = self.bitmask_host, self.token_mask_host
-        # The host loop reads and writes through numpy views: torch indexing costs microseconds
-        # per call, which is as much as a backend's mask fill.
-        self._row_is_valid = HostRowChecker(self.bitmask_host, self.vocab_size)
-        self._bitmask_words = self.bitmask_host.numpy()
-        self._token_mask_np = self.token_mask_host.numpy()
-        self._token_mask_words = self._token_mask_np.data
-        self._token_mask_zeros = memoryview(bytes(self._token_mask_words.nbytes)).cast("i")
-        self.sync = StepSync(self.device)
 
     def add_batch(
         self, requests: Sequence[GuidedRequest], *, num_draft_tokens: int | None = None
@@ -253,30 +216,10 @@ class BaseGuidedDecoder(RowFilling):
         stats = self.stats
         stats.build_s = took
         stats.steps += 1
-        timing = self._time_fills
-        self._timed_batch = batch if timing else None
-        # Fills are timed one by one from a slow build (FILL_TIMING_S) until TIMING_HOLD fast
-        # builds in a row: a slow request that sat out steps is still timed when it is back.
-        if took > self._timing_s:
-            self._fast_builds = 0
-            if not timing:
-                self._start_fill_timing(batch)
-        elif timing:
-            self._fast_builds += 1
-            if self._fast_builds >= TIMING_HOLD:
-                self._time_fills = False
-                self._slow_fills[:] = [min(count, 0) for count in self._slow_fills]  # none in a row
+        self.timing.end(batch, took)
         if failures:
             stats.failures += len(failures)
         return failures
-
-    def _start_fill_timing(self, batch: GuidedRequests) -> None:
-        """Time the next builds' fills one by one; the requests of this build have had a fill
-        (their first is not held against them)."""
-        self._time_fills = True
-        slow = self._slow_fills
-        for req in batch.requests:
-            slow[req.seq_slot] = max(slow[req.seq_slot], 0)
 
     def _build(self, batch: GuidedRequests) -> list[Failure]:
         """Advance each request's matcher and fill its rows.
@@ -287,16 +230,14 @@ class BaseGuidedDecoder(RowFilling):
         request advances by its next draft token and the next wave fills the rows after them.
         Per request both are the same sequence of matcher calls.
         """
-        self._token_mask_words[:] = self._token_mask_zeros  # past the batch too: a padded graph
+        self.buffers.clear()
         failures: list[Failure] = []
-        requests = batch.requests
-        eager = len(requests) < self._min_wave
-        fuse = eager and not self._time_fills  # advance and fill in one call
+        requests, rows = batch.requests, self.rows
+        eager = len(requests) < rows.min_wave
+        fuse = eager and not self.timing.active  # advance and fill in one call
         wave: list[RowFill] = []
         draft_len = batch.num_draft_tokens
-        if self._time_fills:
-            for req in requests:
-                self._fill_s[req.seq_slot] = 0.0
+        self.timing.begin(batch)
         advanced, guided = self.num_advanced_tokens, self.num_guided_tokens
         closing: list[tuple[GuidedRequest, int]] = []  # budget-aware closing after the fill
         offsets = batch.offsets  # the requests' own: indexed (a zip costs 0.1 to 0.3 us)
@@ -321,13 +262,13 @@ class BaseGuidedDecoder(RowFilling):
                 if closes:
                     closing.append((req, offset))
                 if eager:
-                    self._fill_request(req, matcher, offset, drafts, filled=filled)
+                    rows.fill_request(req, matcher, offset, drafts, filled=filled)
                 else:
                     wave.append(RowFill(req, matcher, offset, drafts))
             except REQUEST_ERRORS as exc:
                 self._fail(req, exc, failures)
         while wave:
-            wave = self._fill_wave(wave, failures)
+            wave = rows.fill_wave(wave, failures)
         if closing:
             self._close(closing, failures)
         if self._disagg_init and not any(req.is_draft for req in batch.requests):
@@ -364,7 +305,7 @@ class BaseGuidedDecoder(RowFilling):
         if status == TERMINATED:
             return None
         if forced is not None:
-            self._force_row(offset, forced)
+            self.buffers.force_row(offset, forced)
             self.num_guided_tokens[slot] = 1
             self.stats.rows_filled += 1
             return None
@@ -372,37 +313,23 @@ class BaseGuidedDecoder(RowFilling):
 
     def fill_times(self) -> dict[int, float]:
         """Seconds each request of the last build spent filling its rows, by request id, where
-        that build timed its fills: one at a time, after a build slower than
-        :data:`FILL_TIMING_S`. Requests filled untimed (a parallel wave) are left out, and so is
-        every request of a build that was not timed."""
-        batch = self._timed_batch
-        if batch is None:
-            return {}
-        fill_s = self._fill_s
-        times = {req.request_id: fill_s[req.seq_slot] for req in batch.requests}
-        return {request_id: took for request_id, took in times.items() if took > 0}
-
-    def _force_row(self, row: int, token: int) -> None:
-        """Write a row that allows ``token`` only (closing's witness: the grammar accepts it)."""
-        words = self._bitmask_words[row]
-        words[:] = 0
-        words[token >> 5] = token_word(token)
-        self._token_mask_words[row] = 1
+        that build timed its fills (see :meth:`.fill_timing.FillTiming.fill_times`)."""
+        return self.timing.fill_times()
 
     def _close(self, requests: list[tuple[GuidedRequest, int]], failures: list[Failure]) -> None:
         """Budget-aware closing of the filled one-row requests that carry ``tokens_left``. A
         backend call that fails in it (the closing search runs the matcher back and forth)
         fails the request: its matcher's state is no longer known."""
-        words = self._bitmask_words
+        words, mask = self.buffers.words, self.buffers.token_mask_np
         for req, row in requests:
             matcher = self.grammar_matchers[req.seq_slot]
-            if matcher is None or not self._token_mask_np[row]:
+            if matcher is None or not mask[row]:
                 continue
             try:
                 if not matcher.is_terminated():
                     self.closer.close(req, matcher, words[row])
             except REQUEST_ERRORS as exc:
-                self._token_mask_np[row] = 0  # never a row the search left half-written
+                mask[row] = 0  # never a row the search left half-written
                 self._fail(req, exc, failures)
 
     def _start_request(self, req: GuidedRequest, drafts: tuple[int, ...]) -> GrammarMatcher | None:
@@ -469,19 +396,12 @@ class BaseGuidedDecoder(RowFilling):
         """Those of ``rows`` whose mask, filled by the last build, allows exactly one token, with
         that token: their logits decide nothing (greedy and sampling both take that token), so a
         forward may leave them out (see :attr:`guidedec.engine.runner.ForwardInput.no_logits`)."""
-        words = self.bitmask_host.numpy().view(np.uint32)
-        single = {}
-        for row in rows:
-            if self._token_mask_np[row] and int(np.bitwise_count(words[row]).sum()) == 1:
-                word = int(np.flatnonzero(words[row])[0])
-                single[row] = 32 * word + int(words[row, word]).bit_length() - 1
-        return single
+        return self.buffers.single_token_rows(rows)
 
     def sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
         """The allowed token ids (int64, ascending) of those of ``rows`` whose mask, filled by
         the last build, allows at most ``max_allowed`` tokens, by row (the masks stay)."""
-        filled = [row for row in rows if self._token_mask_np[row]]
-        return sparse_allowed_tokens(self.bitmask_host, filled, self.vocab_size, max_allowed)
+        return self.buffers.sparse_rows(rows, max_allowed)
 
     def take_sparse_rows(self, rows: Sequence[int], max_allowed: int) -> dict[int, torch.Tensor]:
         """Hand over the masks of the given rows of this batch that the last build filled and
@@ -491,11 +411,7 @@ class BaseGuidedDecoder(RowFilling):
         For a caller that samples such rows from their allowed logits alone (see
         :func:`guidedec.bitmask.sparse_allowed_tokens`); it then owns their masking.
         """
-        filled = [row for row in rows if self._token_mask_np[row]]
-        taken = sparse_allowed_tokens(self.bitmask_host, filled, self.vocab_size, max_allowed)
-        for row in taken:
-            self._token_mask_np[row] = 0
-        return taken
+        return self.buffers.sparse_rows(rows, max_allowed, take=True)
 
     def fill_decisions(self) -> dict[tuple[str, int], str]:
         """How ``build`` fills each backend's rows by batch size, as far as ``fill_mode="auto"``
@@ -518,12 +434,7 @@ class BaseGuidedDecoder(RowFilling):
 
     def copy_rows(self, num_rows: int) -> None:
         """Copy the first ``num_rows`` host rows (and their token mask) to the device."""
-        self.sync.note("side: copy bitmask")
-        if self.bitmask is self.bitmask_host:
-            return
-        with nvtx_range("guided_decoder.copy_bitmask"):
-            self.bitmask[:num_rows].copy_(self.bitmask_host[:num_rows], non_blocking=True)
-            self.token_mask[:num_rows].copy_(self.token_mask_host[:num_rows], non_blocking=True)
+        self.buffers.copy_rows(num_rows)
 
     def apply_bitmask(
         self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None, num_rows: int | None = None
@@ -544,22 +455,7 @@ class BaseGuidedDecoder(RowFilling):
         self, logits: torch.Tensor, num_rows: int, *, d2t: torch.Tensor | None = None
     ) -> None:
         """:meth:`apply_bitmask` over the first ``num_rows`` rows of the device buffers."""
-        self.sync.note("main: apply bitmask")
-        if logits.dim() != 2 or logits.shape[0] < num_rows:
-            raise ValueError(
-                f"logits must be 2-D with at least {num_rows} rows, got {tuple(logits.shape)}"
-            )
-        start = perf_counter()
-        with nvtx_range("guided_decoder.apply_bitmask"):
-            apply_bitmask_sharded(
-                logits[:num_rows],
-                self.bitmask[:num_rows],
-                token_mask=self.token_mask[:num_rows],
-                d2t=d2t,
-                rank=self.rank,
-                vocab_size_padded=self.vocab_size,
-            )
-        self.stats.apply_s = perf_counter() - start
+        self.stats.apply_s = self.buffers.apply_rows(logits, num_rows, d2t=d2t)
 
     def execute(self, logits: torch.Tensor, *, d2t: torch.Tensor | None = None) -> list[Failure]:
         """``build``, ``copy_bitmask`` and ``apply_bitmask`` for the batch of ``add_batch``.
@@ -599,13 +495,3 @@ def covered_rows(batch: GuidedRequests, num_rows: int | None, max_rows: int) -> 
             f"buffers' rows)"
         )
     return num_rows
-
-
-def failure_message(req: GuidedRequest, exc: Exception) -> str:
-    return f"request {req.request_id} (slot {req.seq_slot}) {_describe(exc)}"
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, RequestError):
-        return str(exc)
-    return f"failed in guided decoding: {exc}"

@@ -23,9 +23,9 @@ from typing import Protocol
 
 import torch
 
-from guidedec.decoder.base import BaseGuidedDecoder, failure_message
+from guidedec.decoder.base import BaseGuidedDecoder
+from guidedec.decoder.errors import Failure, RequestError, failure_message
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
-from guidedec.decoder.rows import Failure, RequestError
 from guidedec.decoder.stats import DecoderStats
 from guidedec.errors import REQUEST_ERRORS
 

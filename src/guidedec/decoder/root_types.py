@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from guidedec.bitmask.layout import BITS_PER_WORD
-from guidedec.decoder.completion import ClosingVocab
+from guidedec.decoder.closing import ClosingVocab
 from guidedec.grammar.auto_policy import XGRAMMAR
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import json_type

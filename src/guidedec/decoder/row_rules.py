@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from guidedec.decoder.completion import DigitTokens
+from guidedec.decoder.closing import DigitTokens
 from guidedec.decoder.root_types import RootTypes
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType

@@ -1,7 +1,7 @@
 """A guide's own words: the keys, literals and values its outputs spell, read from the guide.
 
 A search for a short completion of a grammar state (budget-aware closing,
-:mod:`guidedec.decoder.completion`) tries them before other tokens: where the grammar asks for
+:mod:`guidedec.decoder.closing.search`) tries them before other tokens: where the grammar asks for
 a key or a keyword, the tokens that spell it are among them, and an open object would otherwise
 take any key.
 """

@@ -82,9 +82,9 @@ from guidedec.bitmask import (
     token_word,
 )
 from guidedec.decoder.closing import BudgetCloser
+from guidedec.decoder.errors import DEAD_END, RequestError
 from guidedec.decoder.request import GuidedRequest
 from guidedec.decoder.row_rules import RowRules
-from guidedec.decoder.rows import DEAD_END, RequestError
 from guidedec.errors import REQUEST_ERRORS, GuidedecError
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.closed_objects import closed_guide

@@ -3,7 +3,7 @@ one call site, to prove that a backend failure anywhere on a host path fails its
 and nothing else.
 
 A :class:`FaultPlan` records every call the wrapped matchers receive by *site* (the function of
-guidedec's own code that made it: ``"guidedec.decoder.rows:_fill_request"``) and method, and
+guidedec's own code that made it: ``"guidedec.decoder.rows:fill_request"``) and method, and
 raises :class:`InjectedFaultError` at the call it targets. A test first runs a scenario with an
 unarmed plan, which lists the sites that scenario reaches, then runs it again once per site, armed
 at that site: a call site added later is covered without a change to the test.

@@ -103,12 +103,8 @@ class RowFiller:
         """Fill one request's rows one after another from position ``start`` (row ``row``, which
         ``filled`` says is filled already): the new token's row is position 0, then one after
         each draft token. The same checks as :meth:`_after_fill`, in one loop."""
-        slot, buffers, slots = req.seq_slot, self.buffers, self.slots
-        bitmask, mask, row_is_valid = (
-            buffers.bitmask_host,
-            buffers.token_mask_words,
-            buffers.row_is_valid,
-        )
+        slot, slots, b = req.seq_slot, self.slots, self.buffers
+        bitmask, mask, row_is_valid = b.bitmask_host, b.token_mask_words, b.row_is_valid
         # HostRowChecker.allows inline: one call less per draft row.
         words, row_words, vocab = row_is_valid.flat, row_is_valid.row_words, row_is_valid.vocab_size
         unchecked = matcher.unchecked_advance

@@ -42,8 +42,8 @@ SCENARIOS = {
         healthy=HEALTHY,
         reaches=CLOSING
         | {
-            "guidedec.decoder.base:_advance_running",
-            "guidedec.decoder.base:_start_request",
+            "guidedec.decoder.advance:running",
+            "guidedec.decoder.advance:start",
             "guidedec.decoder.rows:fill_request",
         },
     ),
@@ -76,7 +76,7 @@ SCENARIOS = {
         ),
         healthy=HEALTHY,
         reaches=CLOSING
-        | {"guidedec.decoder.base:_advance_running", "guidedec.decoder.rows:fill_request"},
+        | {"guidedec.decoder.advance:running", "guidedec.decoder.rows:fill_request"},
     ),
 }
 

@@ -37,7 +37,7 @@ SCENARIOS = {
         healthy=HEALTHY,
         reaches=frozenset(
             {
-                "guidedec.decoder.base:_advance",
+                "guidedec.decoder.advance:_accept",
                 "guidedec.decoder.rows:fill_request",
                 "guidedec.decoder.decoder:_rollback_rejected",
                 "guidedec.decoder.decoder:rollback_draft_tokens",

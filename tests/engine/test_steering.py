@@ -206,7 +206,8 @@ def test_a_token_neither_check_applies_to_is_kept_without_a_check(tokenizer: Any
     so, and steering only for a token with a structural character: otherwise the token is
     kept as drawn, and nothing is redrawn."""
     from guidedec.decoder.closing import BudgetCloser
-    from guidedec.engine.steering import check_sampled
+    from guidedec.decoder.token_checks import TokenChecks
+    from guidedec.engine.steering import SampledToken, check_sampled
 
     closer = BudgetCloser(tokenizer, num_slots=1)
     asked: list[int] = []
@@ -217,16 +218,10 @@ def test_a_token_neither_check_applies_to_is_kept_without_a_check(tokenizer: Any
     params = GuidedDecodingParams(json_schema=WORD_SCHEMA)
     (content,) = tokenizer.encode("ab")
     kept = check_sampled(
-        content,
-        params=params,
-        slot=0,
-        matcher=None,  # type: ignore[arg-type]
-        closer=closer,
-        steering=steering,
-        closing=True,
-        tokens_left=10,
-        output_ids=[],
-        tokenizer=tokenizer,
-        redraw=lambda banned: pytest.fail("redrawn"),
+        SampledToken(content, params, 0, 10, [], closing=True, steered=True),
+        TokenChecks([None], lambda: closer),
+        steering,
+        tokenizer,
+        lambda banned: pytest.fail("redrawn"),
     )
     assert kept == (content, None) and asked == [10]

@@ -241,8 +241,7 @@ class Evaluator:
             timing = TimingFactory(self.factories[name])
             config = GuidedDecodingConfig(backend=name, tokenizer=self.tokenizer)  # type: ignore[arg-type]
             decoder = GuidedDecoder(config=config, factory=timing, max_num_sequences=GEN_SAMPLES)
-            decoder.closer.warm_up()  # built once per worker, not within a schema's timing
-            decoder.rules.warm_up()
+            decoder.warm_up()  # built once per worker, not within a schema's timing
             timing.warm_up()  # so is what the backends' completes read
             self.decoders[name] = (decoder, timing)
         decoder, timing = self.decoders[name]

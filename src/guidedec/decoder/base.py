@@ -15,9 +15,10 @@ from time import perf_counter
 
 import torch
 
+from guidedec.decoder.advance import MatcherAdvance
 from guidedec.decoder.buffers import BitmaskBuffers
-from guidedec.decoder.closing import BudgetCloser
-from guidedec.decoder.errors import Failure, RequestError, SlowMasksError, failure_message
+from guidedec.decoder.closing import MARGIN, BudgetCloser
+from guidedec.decoder.errors import Failure, SlowMasksError, failure_message
 from guidedec.decoder.fill_timing import FillTiming
 from guidedec.decoder.profiling import nvtx_range
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
@@ -25,20 +26,15 @@ from guidedec.decoder.row_rules import RowRules
 from guidedec.decoder.rows import RowFill, RowFiller
 from guidedec.decoder.slots import SlotState
 from guidedec.decoder.stats import DecoderStats
+from guidedec.decoder.token_checks import TokenChecks
 from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.matcher import (
-    FILLED,
-    REJECTED,
-    TERMINATED,
     GrammarMatcher,
     GrammarMatcherFactory,
 )
 from guidedec.grammar.params import GuidedDecodingParams
-
-_ADVANCED = -1
-"""A new token accepted, its row not filled yet (beside the statuses of ``advance_and_fill``)."""
 
 
 class BaseGuidedDecoder:
@@ -64,6 +60,9 @@ class BaseGuidedDecoder:
         rank: The global rank, for logits sharded over the vocabulary by tensor parallelism:
             logits ``V / T`` columns wide are shard ``rank % T`` (see
             :func:`guidedec.bitmask.apply_bitmask_sharded`).
+        closing_margin: Room a closing witness must leave before its rows are forced
+            (:class:`~guidedec.decoder.closing.BudgetCloser`); 0 for an engine that checks each
+            sampled token (:attr:`token_checks`).
     """
 
     def __init__(
@@ -75,6 +74,7 @@ class BaseGuidedDecoder:
         max_num_draft_tokens: int = 0,
         device: str | torch.device = "cpu",
         rank: int = 0,
+        closing_margin: int = MARGIN,
     ) -> None:
         if max_num_sequences <= 0 or max_num_draft_tokens < 0:
             raise ValueError("max_num_sequences must be > 0 and max_num_draft_tokens >= 0")
@@ -102,17 +102,24 @@ class BaseGuidedDecoder:
         self.num_advanced_draft_tokens = slots.num_advanced_draft_tokens
         self.is_draft_terminated = slots.is_draft_terminated
         self._num_verifiable_tokens = slots.num_verifiable_tokens
-        # Generation-only requests whose matcher init_disagg_gen_requests made (True) or failed
-        # to make (False, already reported) for the coming target build.
-        self._disagg_init: dict[int, bool] = {}
         self.requests: GuidedRequests | None = None
         self.stats = DecoderStats()
-        self.closer = BudgetCloser(config.tokenizer, max_num_sequences)
+        self.closer = BudgetCloser(config.tokenizer, max_num_sequences, margin=closing_margin)
         self.rules = RowRules(config.tokenizer)
         limit = config.mask_time_limit_ms
         self.timing = FillTiming(slots, math.inf if limit is None else limit / 1e3)
         self._filler = BatchFiller(config.fill_mode, config.fill_threads)
         self.rows = RowFiller(buffers, slots, self.timing, self._filler, self.stats, self._fail)
+        self.token_checks = TokenChecks(slots.matchers, lambda: self.closer)
+        self.advancer = MatcherAdvance(
+            slots, buffers, self.stats, self._create_matcher, lambda r: self.closer.forced_next(r)
+        )
+
+    def warm_up(self) -> None:
+        """Build the tokenizer tables closing and the row rules read (~1 s each) now, not at
+        a first guided row beside running requests."""
+        self.closer.warm_up()
+        self.rules.warm_up()
 
     @property
     def max_num_rows(self) -> int:
@@ -142,20 +149,7 @@ class BaseGuidedDecoder:
                 f"{self.max_num_draft_tokens}]"
             )
         batch = GuidedRequests(list(requests), draft_len)
-        if batch.num_bitmask_tokens > self.max_num_rows:
-            raise ValueError(
-                f"batch needs {batch.num_bitmask_tokens} bitmask rows; the decoder has "
-                f"{self.max_num_rows} (max_num_sequences * (max_num_draft_tokens + 1))"
-            )
-        slots: set[int] = set()
-        limit = self.max_num_sequences
-        for req in batch.requests:
-            slot = req.seq_slot
-            if not 0 <= slot < limit:
-                raise ValueError(f"request {req.request_id}: seq_slot {slot} out of range")
-            if slot in slots and req.guided_decoding_params is not None:
-                raise ValueError(f"request {req.request_id}: seq_slot {slot} used twice")
-            slots.add(slot)
+        batch.check_fits(self.max_num_rows, self.max_num_sequences)
         return batch
 
     def init_disagg_gen_requests(self) -> list[Failure]:
@@ -172,10 +166,10 @@ class BaseGuidedDecoder:
                 continue
             try:
                 self._create_matcher(req)
-                self._disagg_init[req.request_id] = True
+                self.advancer.disagg_init[req.request_id] = True
             except REQUEST_ERRORS as exc:
                 failures.append((req.request_id, failure_message(req, exc)))
-                self._disagg_init[req.request_id] = False
+                self.advancer.disagg_init[req.request_id] = False
         return failures
 
     def _create_matcher(self, req: GuidedRequest) -> None:
@@ -232,7 +226,7 @@ class BaseGuidedDecoder:
         """
         self.buffers.clear()
         failures: list[Failure] = []
-        requests, rows = batch.requests, self.rows
+        requests, rows, advance = batch.requests, self.rows, self.advancer
         eager = len(requests) < rows.min_wave
         fuse = eager and not self.timing.active  # advance and fill in one call
         wave: list[RowFill] = []
@@ -252,9 +246,9 @@ class BaseGuidedDecoder:
                 if req.is_generation_in_progress_state and not (
                     req.is_draft or req.is_generation_only_first_iteration
                 ):  # most requests of most steps: their matcher advances by new_token
-                    started = self._advance_running(req, offset, drafts, closes=closes, fuse=fuse)
+                    started = advance.running(req, offset, drafts, closes=closes, fuse=fuse)
                 else:
-                    matcher = self._start_request(req, drafts)
+                    matcher = advance.start(req, drafts)
                     started = None if matcher is None else (matcher, False)
                 if started is None:
                     continue  # no row to fill
@@ -271,45 +265,9 @@ class BaseGuidedDecoder:
             wave = rows.fill_wave(wave, failures)
         if closing:
             self._close(closing, failures)
-        if self._disagg_init and not any(req.is_draft for req in batch.requests):
-            self._disagg_init.clear()
+        if self.advancer.disagg_init and not any(req.is_draft for req in batch.requests):
+            self.advancer.disagg_init.clear()
         return failures
-
-    def _advance_running(
-        self, req: GuidedRequest, offset: int, drafts: tuple[int, ...], *, closes: bool, fuse: bool
-    ) -> tuple[GrammarMatcher, bool] | None:
-        """Advance a running request's matcher by its new token (``fuse``: and fill its row in
-        the same call). Returns the matcher and whether its row is filled already; None when
-        the request has no row to fill: its grammar has ended, or closing forced the row to its
-        witness's next token (``closes``: the request closes within its budget)."""
-        slot = req.seq_slot
-        matcher = self.grammar_matchers[slot]
-        if matcher is None:
-            raise RequestError("has no grammar matcher (an earlier step failed)")
-        self._num_verifiable_tokens[slot] = 1 + len(drafts)
-        token = req.new_token
-        if token is None:
-            raise RequestError("is generating but carries no new_token")
-        forced = self.closer.forced_next(req) if closes else None
-        if fuse and forced is None:
-            status = matcher.advance_and_fill(token, self.bitmask_host, offset)
-        elif matcher.advance(token):
-            status = TERMINATED if matcher.is_terminated() else _ADVANCED
-        else:
-            status = REJECTED
-        if status == REJECTED:  # a rejection fails the request anyway
-            if matcher.is_terminated():
-                return None  # accepted a stop token already: see _start_request
-            raise RequestError(f"sampled token {token} is rejected by its grammar")
-        self.num_advanced_tokens[slot] = 1
-        if status == TERMINATED:
-            return None
-        if forced is not None:
-            self.buffers.force_row(offset, forced)
-            self.num_guided_tokens[slot] = 1
-            self.stats.rows_filled += 1
-            return None
-        return matcher, status == FILLED
 
     def fill_times(self) -> dict[int, float]:
         """Seconds each request of the last build spent filling its rows, by request id, where
@@ -331,59 +289,6 @@ class BaseGuidedDecoder:
             except REQUEST_ERRORS as exc:
                 mask[row] = 0  # never a row the search left half-written
                 self._fail(req, exc, failures)
-
-    def _start_request(self, req: GuidedRequest, drafts: tuple[int, ...]) -> GrammarMatcher | None:
-        """Create or advance the request's matcher; returns it when its new-token row is to be
-        filled, None when nothing is to be masked."""
-        init, advance = req.require_matcher_init(), req.require_matcher_advance()
-        if init and req.is_generation_only_first_iteration:
-            created = self._disagg_init.pop(req.request_id, None)
-            if created is False:
-                return None  # its failure was reported by init_disagg_gen_requests
-            init = created is None
-        if not (init or advance):
-            return None
-        slot = req.seq_slot
-        if init:
-            self._create_matcher(req)
-        matcher = self.grammar_matchers[slot]
-        if matcher is None:
-            if req.is_draft:
-                self.is_draft_terminated[slot] = True
-                return None
-            raise RequestError("has no grammar matcher (an earlier step failed)")
-        if advance and matcher.is_terminated():
-            # The matcher has accepted a stop token already: inside the drafts verified at the
-            # previous iteration (an overlap scheduler schedules the request once more before it
-            # sees it finish), or at an earlier step of this drafting loop. Nothing to advance
-            # or mask: the request finishes at this iteration. Any verified count rolls back
-            # nothing (it is clamped to the zero advances).
-            self._num_verifiable_tokens[slot] = 1 + len(drafts)
-            if req.is_draft:
-                self.is_draft_terminated[slot] = True
-            return None
-        if advance and not self._advance(req, matcher):
-            return None
-        self._num_verifiable_tokens[slot] = 1 + len(drafts)
-        if req.is_draft:  # a draft request has no drafts: its advances end here
-            self.num_advanced_draft_tokens[slot] += self.num_advanced_tokens[slot]
-        return None if matcher.is_terminated() else matcher
-
-    def _advance(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
-        """Feed ``new_token``; False when a draft request's guiding stops here (nothing to roll
-        back: a rejected token leaves the matcher unchanged)."""
-        slot = req.seq_slot
-        if req.is_draft and self.is_draft_terminated[slot]:
-            return False
-        if req.new_token is None:
-            raise RequestError("is generating but carries no new_token")
-        if not matcher.accept_token(req.new_token):
-            if req.is_draft:
-                self.is_draft_terminated[slot] = True
-                return False
-            raise RequestError(f"sampled token {req.new_token} is rejected by its grammar")
-        self.num_advanced_tokens[slot] += 1
-        return True
 
     def _fail(self, req: GuidedRequest, exc: Exception, failures: list[Failure]) -> None:
         failures.append((req.request_id, failure_message(req, exc)))
@@ -430,7 +335,7 @@ class BaseGuidedDecoder:
     def copy_bitmask(self, num_bitmask_tokens: int | None = None) -> None:
         """Copy the filled host rows to the device buffers (nothing to do on the CPU): the
         batch's rows, or ``num_bitmask_tokens`` (see :meth:`apply_bitmask`)."""
-        self.copy_rows(covered_rows(self._batch(), num_bitmask_tokens, self.max_num_rows))
+        self.copy_rows(self._batch().covered_rows(num_bitmask_tokens, self.max_num_rows))
 
     def copy_rows(self, num_rows: int) -> None:
         """Copy the first ``num_rows`` host rows (and their token mask) to the device."""
@@ -448,7 +353,7 @@ class BaseGuidedDecoder:
         this rank's shard of vocab-sharded logits: they get the columns of the shard, with ``d2t``
         the full table (see :func:`guidedec.bitmask.apply_bitmask_sharded`).
         """
-        rows = covered_rows(self._batch(), num_rows, self.max_num_rows)
+        rows = self._batch().covered_rows(num_rows, self.max_num_rows)
         self.apply_rows(logits, rows, d2t=d2t)
 
     def apply_rows(
@@ -481,17 +386,3 @@ class BaseGuidedDecoder:
         if self.requests is None:
             raise ValueError("add_batch must be called before build/copy/apply")
         return self.requests
-
-
-def covered_rows(batch: GuidedRequests, num_rows: int | None, max_rows: int) -> int:
-    """The rows a copy or apply covers: the batch's, or ``num_rows`` (not fewer, and no more
-    than the buffers' ``max_rows``)."""
-    needed = batch.num_bitmask_tokens
-    if num_rows is None:
-        return needed
-    if not needed <= num_rows <= max_rows:
-        raise ValueError(
-            f"num_rows={num_rows} must be in [{needed}, {max_rows}] (the batch's rows, the "
-            f"buffers' rows)"
-        )
-    return num_rows

@@ -48,7 +48,6 @@ from dataclasses import replace
 
 import torch
 
-from guidedec.decoder.base import covered_rows
 from guidedec.decoder.decoder import Failure, GuidedDecoder, TokenCounts
 from guidedec.decoder.hostfunc import hostfunc, raise_pending_error
 from guidedec.decoder.request import GuidedRequest, GuidedRequests
@@ -198,7 +197,7 @@ class CapturableGuidedDecoder:
         return self.requests
 
     def _rows(self, num_rows: int | None) -> int:
-        return covered_rows(self._caller_batch(), num_rows, self.decoder.max_num_rows)
+        return self._caller_batch().covered_rows(num_rows, self.decoder.max_num_rows)
 
     # --- host functions (stream order; callable directly with ``.run_now(wrapper)``) ------------
 

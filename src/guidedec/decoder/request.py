@@ -173,6 +173,36 @@ class GuidedRequests:
     def __len__(self) -> int:
         return len(self.requests)
 
+    def check_fits(self, max_rows: int, num_slots: int) -> None:
+        """Raise ``ValueError`` unless the batch fits a decoder of ``max_rows`` bitmask rows
+        and ``num_slots`` slots, each guided request in a slot of its own."""
+        if self.num_bitmask_tokens > max_rows:
+            raise ValueError(
+                f"batch needs {self.num_bitmask_tokens} bitmask rows; the decoder has "
+                f"{max_rows} (max_num_sequences * (max_num_draft_tokens + 1))"
+            )
+        slots: set[int] = set()
+        for req in self.requests:
+            slot = req.seq_slot
+            if not 0 <= slot < num_slots:
+                raise ValueError(f"request {req.request_id}: seq_slot {slot} out of range")
+            if slot in slots and req.guided_decoding_params is not None:
+                raise ValueError(f"request {req.request_id}: seq_slot {slot} used twice")
+            slots.add(slot)
+
+    def covered_rows(self, num_rows: int | None, max_rows: int) -> int:
+        """The rows a copy or apply covers: the batch's, or ``num_rows`` (not fewer, and no more
+        than the buffers' ``max_rows``)."""
+        needed = self.num_bitmask_tokens
+        if num_rows is None:
+            return needed
+        if not needed <= num_rows <= max_rows:
+            raise ValueError(
+                f"num_rows={num_rows} must be in [{needed}, {max_rows}] (the batch's rows, the "
+                f"buffers' rows)"
+            )
+        return num_rows
+
     def valid_requests(self) -> Iterator[GuidedRequest]:
         """The guided requests."""
         return (r for r in self.requests if r.guided_decoding_params is not None)

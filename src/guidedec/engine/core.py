@@ -61,7 +61,7 @@ from guidedec.engine.speculative import (
     NgramSpeculator,
 )
 from guidedec.engine.stats import EngineStats
-from guidedec.engine.steering import ValueSteering, check_sampled
+from guidedec.engine.steering import SampledToken, ValueSteering, check_sampled
 from guidedec.engine.stop_strings import stop_string_start
 from guidedec.engine.validation import OutputValidator
 from guidedec.errors import REQUEST_ERRORS
@@ -107,14 +107,12 @@ class EngineCore:
             max_num_sequences=max_num_seqs,
             max_num_draft_tokens=num_draft_tokens,
             device=model.device,
+            closing_margin=0,  # the engine checks each sampled token: no row is forced
         )
         # The backends' and closing's tokenizer tables, ~1 s each of Python that holds the GIL:
         # now, not beside the first guided requests' steps (they would stall every request).
         self.factory.warm_up()
-        # The engine checks each sampled token (steering.check_sampled): no row is forced.
-        self.decoder.closer.margin = 0
-        self.decoder.closer.warm_up()
-        self.decoder.rules.warm_up()
+        self.decoder.warm_up()
         if cuda_graphs and speculator is None:  # decode steps replay; the rest run eagerly
             self.graphs = DecodeGraphs(runner, CapturableGuidedDecoder(self.decoder))
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
@@ -122,9 +120,7 @@ class EngineCore:
         self.speculator = speculator
         self.stats = EngineStats()
         self.validator = OutputValidator()
-        self.steering = ValueSteering(
-            self.validator, lambda: self.decoder.closer.vocab().structural
-        )
+        self.steering = ValueSteering(self.validator, self.decoder.token_checks.structural)
         self.forward = MaskedForward(
             runner,
             self.decoder,
@@ -321,29 +317,24 @@ class EngineCore:
         guide, slot = req.params.guided_decoding, req.slot
         if guide is None or slot is None:
             return token
-        matcher = self.decoder.grammar_matchers[slot]
-        if matcher is None:
+        checks = self.decoder.token_checks
+        backend = checks.backend(slot)
+        if backend is None:
             return token
         if req.steered is None:
-            req.steered = self.steering.applies(guide, matcher)
-        closing, steering = req.params.close_within_budget, req.steered
-        if not closing and not steering:
+            req.steered = self.steering.applies(guide, backend)
+        closing, steered = req.params.close_within_budget, req.steered
+        if not closing and not steered:
             return token
         left = req.tokens_left(self.max_model_len)
-        closer = self.decoder.closer
+        sampled = SampledToken(token, guide, slot, left, req.output_token_ids, closing, steered)
         try:
             token, broken = check_sampled(
-                token,
-                params=guide,
-                slot=slot,
-                matcher=matcher,
-                closer=closer,
-                steering=self.steering if steering else None,
-                closing=closing,
-                tokens_left=left,
-                output_ids=req.output_token_ids,
-                tokenizer=self.tokenizer,
-                redraw=lambda banned: step.redraw(row, req.params, req.generator, banned),
+                sampled,
+                checks,
+                self.steering,
+                self.tokenizer,
+                lambda banned: step.redraw(row, req.params, req.generator, banned),
             )
         except REQUEST_ERRORS as exc:
             message = f"request {req.request_id} (slot {slot}) failed in guided decoding: {exc}"
@@ -351,7 +342,7 @@ class EngineCore:
             return None
         if broken is not None:  # no draw keeps the output valid
             req.broken = broken
-        if closing and req.forced_from is None and closer.forced_at(slot) == left:
+        if closing and req.forced_from is None and checks.forced_at(slot) == left:
             req.forced_from = len(req.output_token_ids)  # the budget chose this token
         return token
 

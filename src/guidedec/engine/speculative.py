@@ -32,7 +32,7 @@ def draft_budget(
 ) -> int:
     """Draft tokens worth proposing: never past ``max_tokens`` or the model's context, and none
     where budget-aware closing may act on the coming rows (see
-    :meth:`guidedec.decoder.closing.BudgetCloser.acts_within`), none for a request whose
+    :meth:`guidedec.decoder.token_checks.TokenChecks.acts_within`), none for a request whose
     tokens are checked against its schema (see :mod:`guidedec.engine.steering`), and none
     while a reasoning model thinks (see :mod:`guidedec.engine.reasoning`)."""
     params = request.params
@@ -45,7 +45,7 @@ def draft_budget(
         and request.slot is not None
         and params.guided_decoding is not None
         and params.close_within_budget
-        and decoder.closer.acts_within(
+        and decoder.token_checks.acts_within(
             request.slot, request.tokens_left(max_model_len), num_draft_tokens
         )
     ):

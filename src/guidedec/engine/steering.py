@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from guidedec.decoder.closing import BudgetCloser
+from guidedec.decoder.token_checks import TokenChecks
 from guidedec.engine.validation import OutputValidator, describe_error
 from guidedec.grammar.auto_policy import XGRAMMAR, xgrammar_inexact_reason
 from guidedec.grammar.json_prefix import scan_prefix
-from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.kept import Kept
 from guidedec.tokenizer import TokenizerInfo
@@ -83,12 +82,12 @@ class ValueSteering:
         self._verdicts: Kept[tuple[object, str, object], str | None] = Kept(VERDICTS_KEPT)
         self.stats = SteeringStats()
 
-    def applies(self, params: GuidedDecodingParams, matcher: GrammarMatcher) -> bool:
+    def applies(self, params: GuidedDecodingParams, backend: str) -> bool:
         """Whether the request's tokens are checked: a JSON schema that its matcher's backend
         (xgrammar) enforces only approximately."""
         if params.guide_type is not GuideType.JSON_SCHEMA:
             return False
-        if matcher.backend != XGRAMMAR:
+        if backend != XGRAMMAR:
             return False
         key = params.guide
         known = self._inexact.get(key)
@@ -161,51 +160,64 @@ def first_admitted(
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """A token sampled for a guided request's last closed row, and what its checks read of the
+    request.
+
+    Attributes:
+        token: The token drawn.
+        params: The request's guide.
+        slot: The request's sequence slot in the decoder.
+        tokens_left: Tokens the request may still emit, this one included.
+        output_ids: The request's output so far (without ``token``).
+        closing: The request closes within its budget (budget-aware closing checks the token).
+        steered: The request's values are checked against its schema (steering).
+    """
+
+    token: int
+    params: GuidedDecodingParams
+    slot: int
+    tokens_left: int
+    output_ids: Sequence[int]
+    closing: bool
+    steered: bool
+
+
 def check_sampled(
-    token: int,
-    *,
-    params: GuidedDecodingParams,
-    slot: int,
-    matcher: GrammarMatcher,
-    closer: BudgetCloser,
-    steering: ValueSteering | None,
-    closing: bool,
-    tokens_left: int,
-    output_ids: Sequence[int],
+    sampled: SampledToken,
+    checks: TokenChecks,
+    steering: ValueSteering,
     tokenizer: TokenizerInfo,
     redraw: Callable[[list[int]], int | None],
 ) -> tuple[int, str | None]:
-    """The checks of one token sampled for a guided request's last closed row: steering
-    (``steering`` given: the request is steered) refuses a token that settles an invalid value,
-    budget-aware closing (``closing``) one after which no completion fits what is left; a
-    refused token is drawn again without it (``redraw``). Returns the token to emit, and the
-    settled error when no draw kept the output valid (the output cannot be made valid)."""
-    if (steering is None or not steering.needs_check(token)) and not (
-        closing and closer.checks(slot, tokens_left)
-    ):
-        return token, None  # most tokens: neither check applies (refusal below returns None)
+    """The checks of one sampled token: steering (``sampled.steered``) refuses a token that
+    settles an invalid value, budget-aware closing (``sampled.closing``, through the decoder's
+    ``checks``) one after which no completion fits what is left; a refused token is drawn again
+    without it (``redraw``). Returns the token to emit, and the settled error when no draw kept
+    the output valid (the output cannot be made valid)."""
+    slot, left, params = sampled.slot, sampled.tokens_left, sampled.params
+    closing = sampled.closing and checks.closes(slot, left)
+    steers = sampled.steered
+    if not closing and not (steers and steering.needs_check(sampled.token)):
+        return sampled.token, None  # most tokens: neither check applies (refusal returns None)
 
     def refusal(candidate: int) -> str | None:
-        if (
-            steering is not None
-            and candidate not in tokenizer.stop_token_ids
-            and steering.needs_check(candidate)
-        ):
-            problem = steering.problem(params, tokenizer.decode([*output_ids, candidate]))
+        if steers and candidate not in tokenizer.stop_token_ids and steering.needs_check(candidate):
+            text = tokenizer.decode([*sampled.output_ids, candidate])
+            problem = steering.problem(params, text)
             if problem is not None:
                 steering.stats.steered += 1
                 return problem
-        if closing and closer.checks(slot, tokens_left):
-            admitted = closer.admits(slot, matcher, params, candidate, tokens_left)
-            return None if admitted else NO_FIT
+        if sampled.closing and checks.closes(slot, left):
+            return None if checks.admits(slot, params, candidate, left) else NO_FIT
         return None
 
-    token, refused = first_admitted(token, refusal, redraw)
+    token, refused = first_admitted(sampled.token, refusal, redraw)
     if refused is None:
         return token, None
     if refused != NO_FIT:
-        assert steering is not None
         steering.stats.given_up += 1
         return token, refused
-    fallback = closer.fallback(slot, tokens_left)
+    fallback = checks.fallback(slot, left)
     return (token if fallback is None else fallback), None

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from guidedec.decoder import GuidedDecoder, GuidedRequest, GuidedStep
-from guidedec.engine.steering import ValueSteering, check_sampled
+from guidedec.engine.steering import SampledToken, ValueSteering, check_sampled
 from guidedec.engine.validation import OutputValidator
 from guidedec.grammar import GuidedDecodingParams
 
@@ -101,8 +101,7 @@ def uniform_guided_generate(
     bitmask, token_mask = decoder.bitmask_host.numpy(), decoder.token_mask_host.numpy()
     vocab_size = decoder.vocab_size
     if checks is not None and checks.steering is None:
-        closer = decoder.closer
-        checks.steering = ValueSteering(checks.validator, lambda: closer.vocab().structural)
+        checks.steering = ValueSteering(checks.validator, decoder.token_checks.structural)
 
     def step(num_live: int) -> tuple[dict[int, str], list[int]]:
         failed = dict(decoder.build())
@@ -234,25 +233,22 @@ def _checked(
 ) -> int:
     """The engine's checks of one sampled token (see ``EngineCore._checked``); sets
     ``out.error`` when steering gives up."""
-    matcher, steering = decoder.grammar_matchers[slot], checks.steering
+    token_checks, steering = decoder.token_checks, checks.steering
     assert steering is not None
-    if matcher is None:
+    backend = token_checks.backend(slot)
+    if backend is None:
         return token
     steered = out.steered
     if steered is None:
-        steered = out.steered = steering.applies(guide, matcher)
+        steered = out.steered = steering.applies(guide, backend)
+    left = max_tokens - len(out.token_ids)
+    sampled = SampledToken(token, guide, slot, left, out.token_ids, True, steered)
     token, broken = check_sampled(
-        token,
-        params=guide,
-        slot=slot,
-        matcher=matcher,
-        closer=decoder.closer,
-        steering=steering if steered else None,
-        closing=True,
-        tokens_left=max_tokens - len(out.token_ids),
-        output_ids=out.token_ids,
-        tokenizer=decoder.config.tokenizer,
-        redraw=lambda banned: redraw(row, banned),
+        sampled,
+        token_checks,
+        steering,
+        decoder.config.tokenizer,
+        lambda banned: redraw(row, banned),
     )
     if broken is not None:
         out.error = broken

@@ -22,7 +22,7 @@ import pytest
 
 import guidedec.decoder.closing.search
 import guidedec.decoder.fill_timing
-import guidedec.engine.core
+import guidedec.engine.pacing
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.decoder.closing import BudgetCloser
 from guidedec.testing.faults import FAULT_TEXT, FaultPlan, Site, inject
@@ -88,7 +88,7 @@ class _AtOnce(cf.Executor):
 
 def pin_timing(monkeypatch: pytest.MonkeyPatch, timed: bool) -> None:
     monkeypatch.setattr(guidedec.decoder.fill_timing, "FILL_TIMING_S", 0.0 if timed else math.inf)
-    monkeypatch.setattr(guidedec.engine.core, "pace", lambda *args: 0)
+    monkeypatch.setattr(guidedec.engine.pacing, "pace", lambda *args: 0)
     monkeypatch.setattr(guidedec.decoder.closing.search, "SLOW_SEARCH_S", math.inf)
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from guidedec.cli_bench import BenchError, add_bench
@@ -19,6 +19,14 @@ from guidedec.cli_generate import (
     generate,
     load_schema,
     schema_status,
+)
+from guidedec.cli_options import (
+    add_chat_template,
+    add_http,
+    int_at_least,
+    non_negative_float,
+    speculative,
+    top_p,
 )
 from guidedec.engine.reasoning import REASONING_PARSERS
 
@@ -90,47 +98,6 @@ def _print_demo_outputs(outputs: list[Any], tokenizer: Any, schema: dict[str, An
     return all_valid
 
 
-# --- argument types (a ValueError or ArgumentTypeError makes argparse exit with status 2) -----
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def _speculative(text: str) -> str:
-    if text == "ngram" or (text.startswith("draft:") and len(text) > len("draft:")):
-        return text
-    raise argparse.ArgumentTypeError(f"must be 'ngram' or 'draft:<model>', got {text!r}")
-
-
 # --- the parser --------------------------------------------------------------------------------
 
 
@@ -176,10 +143,10 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
     run.add_argument("--model", default="tiny-random", help="model name or folder")
     run.add_argument("--backend", default="auto", choices=BACKENDS, help="grammar backend")
     run.add_argument(
-        "--speculative", type=_speculative, metavar="ngram|draft:M", help="speculative decoding"
+        "--speculative", type=speculative, metavar="ngram|draft:M", help="speculative decoding"
     )
     run.add_argument(
-        "--num-draft-tokens", type=_int_at_least(1), default=4, metavar="K", help="per step"
+        "--num-draft-tokens", type=int_at_least(1), default=4, metavar="K", help="per step"
     )
     run.add_argument(
         "--jump-forward",
@@ -194,7 +161,7 @@ def _add_engine(run: argparse.ArgumentParser) -> None:
         help="a reasoning model: its thinking is free and the guide applies after </think>",
     )
     run.add_argument(
-        "--max-num-seqs", type=_int_at_least(1), default=8, metavar="N", help="batch size"
+        "--max-num-seqs", type=int_at_least(1), default=8, metavar="N", help="batch size"
     )
     _add_guide_settings(run)
 
@@ -226,7 +193,7 @@ def _add_guide_settings(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--max-model-len",
-        type=_int_at_least(2),
+        type=int_at_least(2),
         metavar="N",
         help="longest prompt + output (default: the model's; bounds the --cuda-graphs caches)",
     )
@@ -243,7 +210,7 @@ def _add_guide_settings(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--mask-time-limit-ms",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=20.0,
         metavar="MS",
         help="fail a guided request whose token masks take longer than MS three times in a row "
@@ -258,17 +225,17 @@ def _add_guide_settings(run: argparse.ArgumentParser) -> None:
 
 def _add_sampling(run: argparse.ArgumentParser) -> None:
     run.add_argument(
-        "--max-tokens", type=_int_at_least(1), default=256, metavar="N", help="per prompt"
+        "--max-tokens", type=int_at_least(1), default=256, metavar="N", help="per prompt"
     )
     run.add_argument(
-        "--temperature", type=_non_negative_float, default=0.0, metavar="T", help="0: greedy"
+        "--temperature", type=non_negative_float, default=0.0, metavar="T", help="0: greedy"
     )
-    run.add_argument("--top-p", type=_top_p, default=1.0, metavar="P", help="1: off")
-    run.add_argument("--top-k", type=_int_at_least(0), default=0, metavar="K", help="0: off")
+    run.add_argument("--top-p", type=top_p, default=1.0, metavar="P", help="1: off")
+    run.add_argument("--top-k", type=int_at_least(0), default=0, metavar="K", help="0: off")
     run.add_argument("--seed", type=int, metavar="S", help="prompt i samples with seed S + i")
     run.add_argument(
         "--thinking-token-budget",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         metavar="N",
         help="with --reasoning-parser: end the thinking after N tokens",
     )
@@ -300,7 +267,7 @@ def _add_generate(commands: Any) -> None:
         help="each PROMPT is a user message, sent through the model's chat template",
     )
     run.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
-    _add_chat_template(run)
+    add_chat_template(run)
     run.add_argument("--jsonl", action="store_true", help="one JSON object per prompt on stdout")
     run.add_argument("prompts", nargs="+", metavar="PROMPT", help="one output per prompt")
     run.set_defaults(func=generate)
@@ -353,19 +320,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_chat_template(parser: Any) -> None:
-    parser.add_argument(
-        "--chat-template",
-        metavar="FILE_OR_TEMPLATE",
-        help="the Jinja chat template to render chats with, a file or the template itself "
-        "(default: the model's own)",
-    )
-
-
 def _add_serve(commands: Any) -> None:
     run = commands.add_parser("serve", help=serve.__doc__, description=serve.__doc__)
     _add_engine(run)
-    _add_chat_template(run)
+    add_chat_template(run)
     run.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
@@ -378,77 +336,8 @@ def _add_serve(commands: Any) -> None:
         help="the format the model writes tool calls in (default: the one its chat "
         "template teaches; hermes for a template that shows no tools)",
     )
-    _add_http(run)
+    add_http(run)
     run.set_defaults(func=serve)
-
-
-def _add_http(run: argparse.ArgumentParser) -> None:
-    """The server's HTTP settings: address, limits, timeouts, authentication and CORS."""
-    run.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    run.add_argument("--port", type=_int_at_least(1), default=8000, help="port to listen on")
-    run.add_argument("--served-model-name", help="model id in the API (default: --model)")
-    run.add_argument(
-        "--max-request-bytes",
-        type=_int_at_least(1),
-        help="larger request bodies get HTTP 413 (default: 16 MiB)",
-    )
-    run.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=10.0,
-        help="on SIGTERM, seconds to let requests in flight finish before closing their "
-        "connections, which aborts them (default: 10)",
-    )
-    run.add_argument(
-        "--header-timeout",
-        type=_positive_float,
-        metavar="S",
-        help="close a connection whose request head has not arrived within S seconds of its "
-        "start or of the previous response (default: 10)",
-    )
-    run.add_argument(
-        "--body-timeout",
-        type=_positive_float,
-        metavar="S",
-        help="close a connection whose request body has sent nothing for S seconds (default: 30)",
-    )
-    run.add_argument(
-        "--max-connections",
-        type=_int_at_least(1),
-        metavar="N",
-        help="connections and requests at once; past it, HTTP 503 (default: 1024)",
-    )
-    run.add_argument(
-        "--default-max-tokens",
-        type=_int_at_least(0),
-        metavar="N",
-        help="max_tokens of a chat completion that gives none; 0: the room left in the context, "
-        "as vLLM (default: 256)",
-    )
-    run.add_argument(
-        "--api-key",
-        help="require 'Authorization: Bearer KEY' on /v1 requests (or set GUIDEDEC_API_KEY)",
-    )
-    for name, what in (("origins", "origins"), ("methods", "methods"), ("headers", "headers")):
-        run.add_argument(
-            f"--allowed-{name}",
-            type=_json_list,
-            default=["*"],
-            metavar="JSON",
-            help=f'CORS: allowed {what}, a JSON list (default: ["*"])',
-        )
-    run.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = None
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
-    return value
 
 
 def export_model(args: argparse.Namespace) -> int:

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import DATA, missing_data
 from guidedec.bench.compliance import main
-from guidedec.bench.compliance_worker import ALL, BACKENDS, CRASH_ENV
+from guidedec.bench.compliance_evaluator import BACKENDS
+from guidedec.bench.compliance_worker import ALL, CRASH_ENV
 
 pytestmark = pytest.mark.data
 JME = DATA / "jsonschemabench" / "JME.jsonl"

@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from guidedec.engine.ngram import NgramDrafter
 from guidedec.engine.sampling import (
     SamplingParams,
-    TargetRows,
     greedy_tokens,
     make_generator,
     processed_probs,
     sample,
+)
+from guidedec.engine.verification import (
+    TargetRows,
     verify_greedy,
     verify_greedy_tokens,
     verify_rejection,
@@ -534,7 +536,7 @@ def test_sample_rounding_never_lands_on_a_forbidden_token(
 ) -> None:
     # u = 1.0 stands for u * total rounding up to total: the draw falls past the last allowed
     # token and must move back to it.
-    monkeypatch.setattr("guidedec.engine.sampling._uniform", lambda generator: u)
+    monkeypatch.setattr("guidedec.engine.sampling.uniform", lambda generator: u)
     logits = torch.tensor([[0.0, 1.0, -INF, -INF]]) if u else torch.tensor([[-INF, -INF, 0.0, 1.0]])
     params = SamplingParams(temperature=1.0)
     assert sample(logits, [params], [torch.Generator()]) == [expected]

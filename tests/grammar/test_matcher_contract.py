@@ -381,12 +381,8 @@ def test_xgrammar_wrapper_calls_the_native_handle_and_falls_back_to_the_public_m
     the public methods, with the same results."""
     import xgrammar
 
-    from guidedec.grammar.xgrammar_backend import (
-        XGrammarMatcher,
-        _native_calls,
-        _PublicCalls,
-        xgrammar_tokenizer_info,
-    )
+    from guidedec.grammar.xgrammar_backend import XGrammarMatcher, _native_calls, _PublicCalls
+    from guidedec.grammar.xgrammar_tokenizer import xgrammar_tokenizer_info
 
     compiled = xgrammar.GrammarCompiler(xgrammar_tokenizer_info(tokenizer)).compile_json_schema(
         json.dumps(PERSON)

@@ -44,7 +44,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from guidedec.bench.compliance_worker import ALL, Pool, Task
+from guidedec.bench.compliance_pool import Pool
+from guidedec.bench.compliance_worker import ALL, Task
 
 WORKERS = 2
 PHASE_TIMEOUT_FACTOR = 12  # instance checks and generation: this many times --timeout

@@ -31,21 +31,26 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llguidance
 import torch
-import xgrammar
 
 import guidedec
 from guidedec import GuidedDecoder, GuidedDecodingConfig, GuidedDecodingParams, GuidedRequest
 from guidedec.bench.cases import JSON_CASES as CASES
+from guidedec.bench.decoder_raw import RAW_OPS, raw_step
+from guidedec.bench.decoder_results import (
+    TARGET_OVERHEAD_PCT,
+    Samples,
+    Times,
+    markdown_table,
+    summarize,
+)
 from guidedec.bench.environment import environment
 from guidedec.bench.plots import grouped_bars, write_report, write_summary
 from guidedec.bench.text import plain
@@ -53,7 +58,6 @@ from guidedec.bitmask import allocate_bitmask
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
 
-TARGET_OVERHEAD_PCT = 10.0
 BACKENDS = ("xgrammar", "llguidance")
 
 
@@ -63,36 +67,6 @@ class Case:
 
     params: GuidedDecodingParams
     tokens: list[int]
-
-
-@dataclass(frozen=True)
-class RawOps:
-    """The raw backend calls, as plain functions of the backend matcher object."""
-
-    accept: Callable[[Any, int], bool]
-    fill: Callable[[Any, torch.Tensor, int], object]
-    rollback: Callable[[Any, int], object]
-
-
-def fill_llguidance_row(matcher: Any, bitmask: torch.Tensor, row: int) -> None:
-    """The native call under ``llguidance.torch.fill_next_token_bitmask``, without its per-call
-    Python checks: the cheapest way to fill a row, so the baseline is the strictest one."""
-    row_bytes = bitmask.shape[1] * 4
-    matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * row_bytes, row_bytes)
-
-
-RAW_OPS = {
-    "xgrammar": RawOps(
-        xgrammar.GrammarMatcher.accept_token,
-        xgrammar.GrammarMatcher.fill_next_token_bitmask,
-        xgrammar.GrammarMatcher.rollback,
-    ),
-    "llguidance": RawOps(
-        llguidance.LLMatcher.consume_token,
-        lambda matcher, bitmask, row: fill_llguidance_row(matcher, bitmask, row),
-        llguidance.LLMatcher.rollback,
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -126,23 +100,6 @@ class Setting:
         request's instance."""
         shortest = min(len(self.case(i).tokens) for i in range(self.batch))
         return list(range(0, shortest - self.drafts, 1 + self.accepted))
-
-
-@dataclass
-class Times:
-    """Seconds summed over the steps of one run, per phase."""
-
-    add: float = 0.0
-    fill: float = 0.0
-    rollback: float = 0.0
-
-
-@dataclass
-class Samples:
-    """Per-step milliseconds of each repeat, per path and phase."""
-
-    decoder: dict[str, list[float]] = field(default_factory=dict)
-    raw: dict[str, list[float]] = field(default_factory=dict)
 
 
 def load_cases(tok: guidedec.TokenizerInfo) -> list[Case]:
@@ -247,31 +204,6 @@ def start_raw(setting: Setting, bitmask: torch.Tensor) -> list[Any]:
     return matchers
 
 
-def raw_step(
-    ops: RawOps,
-    matchers: list[Any],
-    windows: list[list[int]],
-    bitmask: torch.Tensor,
-    rollback: int,
-    times: Times,
-) -> None:
-    """Per request: accept the new token and each draft, filling the row after each."""
-    start = time.perf_counter()
-    row = 0
-    for matcher, window in zip(matchers, windows, strict=True):
-        for token in window:
-            if not ops.accept(matcher, token):
-                raise AssertionError(f"the backend rejected token {token}")
-            ops.fill(matcher, bitmask, row)
-            row += 1
-    filled = time.perf_counter()
-    if rollback:
-        for matcher in matchers:
-            ops.rollback(matcher, rollback)
-    times.rollback += time.perf_counter() - filled
-    times.fill += filled - start
-
-
 def raw_windows(setting: Setting) -> list[list[list[int]]]:
     """Per step, per request: the new token and the draft tokens."""
     k = setting.drafts
@@ -345,18 +277,11 @@ def record(phases: dict[str, list[float]], times: Times, steps: int) -> None:
         phases.setdefault(phase, []).append(1e3 * seconds / steps)
 
 
-# --- results ------------------------------------------------------------------------------------
+# --- main ---------------------------------------------------------------------------------------
 
 
-def paired_ratio(num: list[float], den: list[float]) -> float:
-    """Median over repeats of num / den (each repeat's two runs were adjacent in time)."""
-    return statistics.median(n / d for n, d in zip(num, den, strict=True) if d > 0)
-
-
-def summarize(setting: Setting, samples: Samples) -> dict[str, Any]:
-    dec, raw = samples.decoder, samples.raw
-    ratio = paired_ratio(dec["total"], raw["total"])
-    dec_all = [t + a for t, a in zip(dec["total"], dec["add"], strict=True)]
+def describe(setting: Setting) -> dict[str, Any]:
+    """A setting's row fields, as :func:`summarize` reports them."""
     return {
         "backend": setting.backend,
         "batch": setting.batch,
@@ -364,57 +289,7 @@ def summarize(setting: Setting, samples: Samples) -> dict[str, Any]:
         "accepted": setting.accepted,
         "rows_per_step": setting.rows,
         "steps_per_repeat": len(setting.positions()),
-        "median_ms_per_step": medians(samples),
-        "ratio_build_vs_accept_fill": paired_ratio(dec["fill"], raw["fill"]),
-        "ratio_rollback": paired_ratio(dec["rollback"], raw["rollback"])
-        if setting.drafts
-        else None,
-        "ratio_total": ratio,
-        "overhead_pct": 100 * (ratio - 1),
-        "overhead_pct_with_add_batch": 100 * (paired_ratio(dec_all, raw["total"]) - 1),
-        "meets_target": 100 * (ratio - 1) <= TARGET_OVERHEAD_PCT,
     }
-
-
-def medians(samples: Samples) -> dict[str, float]:
-    """Median per-step milliseconds of each phase (total: build or accept + fill, + rollback)."""
-    dec, raw = samples.decoder, samples.raw
-    return {
-        "decoder_add_batch": statistics.median(dec["add"]),
-        "decoder_build": statistics.median(dec["fill"]),
-        "decoder_rollback": statistics.median(dec["rollback"]),
-        "decoder_total": statistics.median(dec["total"]),
-        "raw_accept_fill": statistics.median(raw["fill"]),
-        "raw_rollback": statistics.median(raw["rollback"]),
-        "raw_total": statistics.median(raw["total"]),
-    }
-
-
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| backend | batch | drafts | rows/step | raw ms/step | decoder ms/step | raw µs/row "
-        "| decoder µs/row | build / fill | rollback | overhead | + add_batch | add_batch µs "
-        f"| ≤ {TARGET_OVERHEAD_PCT:.0f}% |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
-    ]
-    lines += [table_line(row) for row in rows]
-    return "\n".join(lines)
-
-
-def table_line(row: dict[str, Any]) -> str:
-    ms, rows = row["median_ms_per_step"], row["rows_per_step"]
-    rollback = "–" if row["ratio_rollback"] is None else f"{row['ratio_rollback']:.2f}x"
-    return (
-        f"| {row['backend']} | {row['batch']} | {row['drafts']} | {rows} "
-        f"| {ms['raw_total']:.3f} | {ms['decoder_total']:.3f} "
-        f"| {1e3 * ms['raw_total'] / rows:.1f} | {1e3 * ms['decoder_total'] / rows:.1f} "
-        f"| {row['ratio_build_vs_accept_fill']:.2f}x | {rollback} "
-        f"| {row['overhead_pct']:+.1f}% | {row['overhead_pct_with_add_batch']:+.1f}% "
-        f"| {1e3 * ms['decoder_add_batch']:.0f} | {'yes' if row['meets_target'] else 'NO'} |"
-    )
-
-
-# --- main ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -444,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         for batch in args.batches:
             for drafts in args.drafts:
                 setting = Setting(config, factory, cases, batch, drafts)
-                rows.append(summarize(setting, measure(setting, args.repeats, rng)))
+                rows.append(summarize(describe(setting), measure(setting, args.repeats, rng)))
     text = header(args, tok.vocab_size, cases, load) + "\n\n" + markdown_table(rows)
     print(text)
     if args.out is not None:

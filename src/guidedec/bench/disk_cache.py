@@ -64,9 +64,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     tokenizer = TokenizerInfo.default()
+    records: list[dict[str, Any]] = []
+    too_large: list[str] = []
+    for name, schema in _slowest(tokenizer, args.data, args.per_subset, args.top):
+        record = _measure(tokenizer, name, schema, args.repeat)
+        if record["read_ms"] is None:
+            compile_s, held = record["compile_ms"] / 1e3, record["grammar_bytes"]
+            too_large.append(f"{name} ({compile_s:.1f} s, {held / 1e6:.0f} MB)")
+        else:
+            records.append(record)
+    text = _summary(records, too_large, args.per_subset, args.repeat)
+    print(text)
+    if args.out is not None:
+        write_report(args.out, "bench_disk_cache", {"environment": environment(), "rows": records})
+        write_summary(args.out, text)
+
+
+def _slowest(tokenizer: TokenizerInfo, data: Path, per_subset: int, top: int) -> list[Any]:
+    """The ``top`` schemas slowest to compile of the first ``per_subset`` of each subset that
+    xgrammar compiles, as ``(name, schema)``, slowest first."""
     scan = _factory(tokenizer, None)
     timed = []
-    for name, schema in candidates(args.data, args.per_subset):
+    for name, schema in candidates(data, per_subset):
         start = time.perf_counter()
         try:
             scan._compile_unchecked(GuidedDecodingParams(json_schema=schema))
@@ -74,58 +93,60 @@ def main(argv: list[str] | None = None) -> None:
             continue
         timed.append((time.perf_counter() - start, name, schema))
     timed.sort(reverse=True)
-    rows: list[str] = []
-    records: list[dict[str, Any]] = []
-    too_large: list[str] = []
-    for _, name, schema in timed[: args.top]:
-        params = GuidedDecodingParams(json_schema=schema)
-        compiles, writes, reads, size = [], [], [], 0
-        for _ in range(args.repeat):
+    return [(name, schema) for _, name, schema in timed[:top]]
+
+
+def _measure(tokenizer: TokenizerInfo, name: str, schema: Any, repeat: int) -> dict[str, Any]:
+    """Median compile, write and read milliseconds of one schema; ``read_ms`` None when the
+    cache would not keep its entry (past its size limit)."""
+    params = GuidedDecodingParams(json_schema=schema)
+    compiles, writes, reads, size = [], [], [], 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        compiled = _factory(tokenizer, None).compile(params)
+        compiles.append(time.perf_counter() - start)
+        held = int(compiled.memory_size_bytes)
+        with tempfile.TemporaryDirectory() as directory:
+            writer = _factory(tokenizer, directory)
+            assert writer.disk is not None
+            if not writer.disk.worth_storing(compiles[-1], held):
+                break  # what the cache would do: not kept
             start = time.perf_counter()
-            compiled = _factory(tokenizer, None).compile(params)
-            compiles.append(time.perf_counter() - start)
-            held = int(compiled.memory_size_bytes)
-            with tempfile.TemporaryDirectory() as directory:
-                writer = _factory(tokenizer, directory)
-                assert writer.disk is not None
-                if not writer.disk.worth_storing(compiles[-1], held):
-                    break  # what the cache would do: not kept
-                start = time.perf_counter()
-                writer.disk.store(guide_cache_key(params), compiled.serialize_json())
-                writes.append(time.perf_counter() - start)
-                del compiled
-                size = sum(p.stat().st_size for p in Path(directory).glob("*" + SUFFIX))
-                reader = _factory(tokenizer, directory)  # a restarted process
-                start = time.perf_counter()
-                reader.compile(params)
-                reads.append(time.perf_counter() - start)
-                assert reader.disk is not None and reader.disk.stats.hits == 1
-        compile_ms = statistics.median(compiles) * 1e3
-        if not reads:
-            too_large.append(f"{name} ({compile_ms / 1e3:.1f} s, {held / 1e6:.0f} MB)")
-            continue
-        read_ms, write_ms = statistics.median(reads) * 1e3, statistics.median(writes) * 1e3
-        records.append(
-            {
-                "schema": name,
-                "compile_ms": compile_ms,
-                "write_ms": write_ms,
-                "read_ms": read_ms,
-                "entry_bytes": size,
-                "grammar_bytes": held,
-            }
-        )
-        rows.append(
-            f"| {name} | {compile_ms:.0f} | {write_ms:.0f} | {read_ms:.0f} "
-            f"| {read_ms / compile_ms:.2f} | {held / 1e6:.1f} | {size / 1e6:.1f} |"
-        )
+            writer.disk.store(guide_cache_key(params), compiled.serialize_json())
+            writes.append(time.perf_counter() - start)
+            del compiled
+            size = sum(p.stat().st_size for p in Path(directory).glob("*" + SUFFIX))
+            reader = _factory(tokenizer, directory)  # a restarted process
+            start = time.perf_counter()
+            reader.compile(params)
+            reads.append(time.perf_counter() - start)
+            assert reader.disk is not None and reader.disk.stats.hits == 1
+    return {
+        "schema": name,
+        "compile_ms": statistics.median(compiles) * 1e3,
+        "write_ms": statistics.median(writes) * 1e3 if reads else None,
+        "read_ms": statistics.median(reads) * 1e3 if reads else None,
+        "entry_bytes": size,
+        "grammar_bytes": held,
+    }
+
+
+def _summary(
+    records: list[dict[str, Any]], too_large: list[str], per_subset: int, repeat: int
+) -> str:
+    rows = [
+        f"| {r['schema']} | {r['compile_ms']:.0f} | {r['write_ms']:.0f} | {r['read_ms']:.0f} "
+        f"| {r['read_ms'] / r['compile_ms']:.2f} | {r['grammar_bytes'] / 1e6:.1f} "
+        f"| {r['entry_bytes'] / 1e6:.1f} |"
+        for r in records
+    ]
     total_compile = sum(r["compile_ms"] for r in records)
     total_read = sum(r["read_ms"] for r in records)
     faster = sum(r["read_ms"] < r["compile_ms"] for r in records)
-    text = "\n".join(
+    return "\n".join(
         [
-            f"xgrammar, the {len(records)} slowest to compile of the first {args.per_subset} "
-            f"schemas of each JSONSchemaBench subset; median of {args.repeat} (write: serialize "
+            f"xgrammar, the {len(records)} slowest to compile of the first {per_subset} "
+            f"schemas of each JSONSchemaBench subset; median of {repeat} (write: serialize "
             "and store the entry, once per guide; read: by a factory started afterwards)",
             "",
             "| schema | compile ms | write ms | read ms | read / compile | grammar MB | entry MB |",
@@ -139,10 +160,6 @@ def main(argv: list[str] | None = None) -> None:
             + (f": {', '.join(too_large)}" if too_large else ""),
         ]
     )
-    print(text)
-    if args.out is not None:
-        write_report(args.out, "bench_disk_cache", {"environment": environment(), "rows": records})
-        write_summary(args.out, text)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from guidedec.bench.compliance_worker import ALL, BACKENDS, Task, Times
+from guidedec.bench.compliance_evaluator import BACKENDS
+from guidedec.bench.compliance_pool import Times
+from guidedec.bench.compliance_worker import ALL, Task
 
 
 def quantiles(values: Sequence[float] | np.ndarray[Any, Any]) -> dict[str, float | int | None]:

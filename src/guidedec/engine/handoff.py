@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from guidedec.engine.request import Request, RequestMetrics, RequestOutput, Status
-from guidedec.engine.runner import KVState
+from guidedec.engine.runner import KVState, SlotRunner
 from guidedec.engine.sampling import SamplingParams, make_draft_generator
+from guidedec.engine.scheduler import Scheduled
 
 
 @dataclass(frozen=True)
@@ -67,3 +69,12 @@ class Handoff:
         )
         request.draft_generator = make_draft_generator(self.params)
         return request
+
+
+def import_caches(batch: Sequence[Scheduled], runner: SlotRunner) -> None:
+    """Put the KV caches that handed-off requests of ``batch`` carry into their slots."""
+    for s in batch:
+        req = s.request
+        if req.handoff_cache is not None and req.slot is not None:
+            runner.import_cache(req.slot, req.handoff_cache)
+            req.handoff_cache = None

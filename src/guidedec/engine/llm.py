@@ -7,10 +7,11 @@ disaggregated ``prefill``/``generate_from_handoff``. The step itself is in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from guidedec.grammar.config import (
 )
 from guidedec.grammar.isolation import CompileIsolation
 from guidedec.grammar.limits import GuideLimits
+from guidedec.tokenizer import TokenizerInfo
 
 __all__ = ["LLM", "EngineStats"]
 
@@ -137,63 +139,38 @@ class LLM(EngineCore):
         reasoning_parser: ReasoningParserName | None = None,
         disable_additional_properties: bool = True,
     ) -> None:
-        spec = parse_speculative(speculative)
-        if jump_forward is None:  # on, unless a draft model drafts, graphs are to be replayed
-            # or the step's token budget cannot hold the drafts
-            roomy = max_num_tokens is None or max_num_tokens >= max_num_seqs * (
-                1 + num_draft_tokens
-            )
-            jump_forward = (spec is None or spec[0] == "ngram") and not cuda_graphs and roomy
-        if jump_forward and spec is not None and spec[0] != "ngram":
-            raise ValueError(
-                "jump_forward works alone or with speculative='ngram', not a draft model"
-            )
-        if (spec or jump_forward) and num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        k = num_draft_tokens if spec or jump_forward else 0
-        budget = _token_budget(max_num_tokens, max_num_seqs, k)
-        loaded = load_model(os.fspath(model), device=device, dtype=dtype, seed=seed)
-        loaded = _with_max_len(loaded, max_model_len)
-        # A daemonic process (a worker of a pool) may not start processes of its own.
-        isolate = isolate_compiles and not multiprocessing.current_process().daemon
-        isolation = CompileIsolation(timeout_s=compile_timeout_s) if isolate else None
+        spec, jump_forward, k, budget = _drafting(
+            speculative, jump_forward, num_draft_tokens, max_num_seqs, max_num_tokens, cuda_graphs
+        )
+        loaded = _load(model, device, dtype, seed, max_model_len)
         config = GuidedDecodingConfig(
             backend=backend,
             tokenizer=loaded.tokenizer,
             max_rollback_tokens=k + 1,
             json_whitespace=json_whitespace,
             approximate=approximate,
-            # The same with or without jump-forward, so that turning it off changes no output.
-            auto_prefers=auto_prefers,
+            auto_prefers=auto_prefers,  # the same with or without jump-forward
             fill_mode=fill_mode,
-            isolation=isolation,
+            isolation=_compile_isolation(isolate_compiles, compile_timeout_s),
             limits=guide_limits or GuideLimits(),
             mask_time_limit_ms=mask_time_limit_ms,
             compile_cache_dir=None if compile_cache_dir is None else os.fspath(compile_cache_dir),
         )
-        # The compile workers start (the first engine of a process: a fork server, seconds)
-        # while the engine is built; no request's compile timeout runs during it.
-        starting = isolation.start_in_background(config) if isolation else None
-        super().__init__(
-            loaded,
-            config,
-            max_num_seqs=max_num_seqs,
-            max_num_tokens=budget,
-            num_draft_tokens=k,
-            speculator=_make_speculator(spec, loaded, max_num_seqs, k, seed, jump_forward),
-            compile_timeout_s=compile_timeout_s,
-            overlap=overlap,
-            cuda_graphs=cuda_graphs,
-            reasoning=(
-                None
-                if reasoning_parser is None
-                else ReasoningParser.create(reasoning_parser, loaded.tokenizer)
-            ),
-        )
+        with _starting(config):
+            super().__init__(
+                loaded,
+                config,
+                max_num_seqs=max_num_seqs,
+                max_num_tokens=budget,
+                num_draft_tokens=k,
+                speculator=_make_speculator(spec, loaded, max_num_seqs, k, seed, jump_forward),
+                compile_timeout_s=compile_timeout_s,
+                overlap=overlap,
+                cuda_graphs=cuda_graphs,
+                reasoning=_reasoning(reasoning_parser, loaded.tokenizer),
+            )
         self._params: dict[int, SamplingParams] = {}  # of prefill-only requests
         self.disable_additional_properties = disable_additional_properties
-        if starting is not None:
-            starting.join()
 
     # --- public API --------------------------------------------------------------------------
 
@@ -282,7 +259,15 @@ class LLM(EngineCore):
         return [outputs.pop(i) for i in ids]
 
 
-def _with_max_len(model: LoadedModel, max_model_len: int | None) -> LoadedModel:
+def _load(
+    name: str | os.PathLike[str],
+    device: str | torch.device | None,
+    dtype: torch.dtype | str | None,
+    seed: int,
+    max_model_len: int | None,
+) -> LoadedModel:
+    """The model, its context cut to ``max_model_len`` where that is given."""
+    model = load_model(os.fspath(name), device=device, dtype=dtype, seed=seed)
     if max_model_len is None:
         return model
     if not 2 <= max_model_len <= model.max_model_len:
@@ -291,6 +276,57 @@ def _with_max_len(model: LoadedModel, max_model_len: int | None) -> LoadedModel:
             f"got {max_model_len}"
         )
     return dataclasses.replace(model, max_model_len=max_model_len)
+
+
+def _drafting(
+    speculative: str | None,
+    jump_forward: bool | None,
+    num_draft_tokens: int,
+    max_num_seqs: int,
+    max_num_tokens: int | None,
+    cuda_graphs: bool,
+) -> tuple[tuple[str, str | None] | None, bool, int, int]:
+    """The drafter (:func:`parse_speculative`), whether jump-forward is on, the draft tokens per
+    sequence (0: no drafting) and the step's token budget. Jump-forward defaults on, unless a
+    draft model drafts, graphs are to be replayed or the budget cannot hold the drafts."""
+    spec = parse_speculative(speculative)
+    if jump_forward is None:
+        roomy = max_num_tokens is None or max_num_tokens >= max_num_seqs * (1 + num_draft_tokens)
+        jump_forward = (spec is None or spec[0] == "ngram") and not cuda_graphs and roomy
+    if jump_forward and spec is not None and spec[0] != "ngram":
+        raise ValueError("jump_forward works alone or with speculative='ngram', not a draft model")
+    if (spec or jump_forward) and num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    k = num_draft_tokens if spec or jump_forward else 0
+    return spec, jump_forward, k, _token_budget(max_num_tokens, max_num_seqs, k)
+
+
+def _compile_isolation(isolate: bool, timeout_s: float) -> CompileIsolation | None:
+    """The engine's compile workers, unless turned off or in a daemonic process (a worker of
+    a pool), which may not start processes of its own."""
+    if not isolate or multiprocessing.current_process().daemon:
+        return None
+    return CompileIsolation(timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def _starting(config: GuidedDecodingConfig) -> Iterator[None]:
+    """Start the compile workers (the first engine of a process: a fork server, seconds) while
+    the body builds the engine, and wait for them after it, so that no request's compile
+    timeout runs during their start."""
+    isolation = config.isolation
+    thread = None
+    if isinstance(isolation, CompileIsolation):
+        thread = isolation.start_in_background(config)
+    yield
+    if thread is not None:
+        thread.join()
+
+
+def _reasoning(
+    name: ReasoningParserName | None, tokenizer: TokenizerInfo
+) -> ReasoningParser | None:
+    return None if name is None else ReasoningParser.create(name, tokenizer)
 
 
 def _token_budget(max_num_tokens: int | None, max_num_seqs: int, k: int) -> int:

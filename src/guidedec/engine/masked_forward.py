@@ -32,9 +32,10 @@ from guidedec.decoder import GuidedDecoder, GuidedRequest
 from guidedec.engine.graphs import DecodeGraphs, is_decode_step
 from guidedec.engine.logprobs import TokenLogprob, token_logprob
 from guidedec.engine.runner import ForwardInput, SlotRunner
-from guidedec.engine.sampling import SamplingParams, TargetRows, sample
+from guidedec.engine.sampling import SamplingParams, sample
 from guidedec.engine.scheduler import Scheduled
 from guidedec.engine.stats import STEP_TIMES_KEPT, EngineStats, StepTimes
+from guidedec.engine.verification import TargetRows
 
 SPARSE_SHARE = 32
 """A row whose mask allows at most ``vocab_size // SPARSE_SHARE`` tokens is read sparsely."""
@@ -56,15 +57,24 @@ class StepRows:
     point_masses: dict[int, dict[int, int]] = field(default_factory=dict)
     """Request id -> {row within the request's rows: the one token its mask allows}."""
 
-    def draw(
-        self,
-        rows: list[int],
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> list[int]:
-        """A sampled token from each of ``rows`` (one :func:`sample` call; sparse rows read at
-        their allowed tokens only)."""
-        return sample(self.logits, params, generators, rows=rows, allowed=self.sparse)
+    def draw(self, batch: list[Scheduled]) -> dict[int, int]:
+        """The sampled (not greedy) next token of every request of ``batch`` that takes one
+        from its last row without verifying drafts, by request id: one :func:`sample` call for
+        the step, sparse rows read at their allowed tokens only."""
+        rows, params, generators, ids = [], [], [], []
+        end = 0
+        for s in batch:
+            end += s.num_logits
+            req = s.request
+            if s.draws_one and req.request_id not in self.failures:
+                rows.append(end - 1)
+                params.append(req.params)
+                generators.append(req.generator)
+                ids.append(req.request_id)
+        if not rows:
+            return {}
+        tokens = sample(self.logits, params, generators, rows=rows, allowed=self.sparse)
+        return dict(zip(ids, tokens, strict=True))
 
     def redraw(
         self,

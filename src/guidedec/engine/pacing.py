@@ -20,6 +20,8 @@ waits (:class:`guidedec.engine.scheduler.Scheduler`).
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from guidedec.engine.scheduler import Scheduled
@@ -31,6 +33,24 @@ MAX_SIT_OUT = 32
 """The most steps a request sits out after one slow step."""
 PACE_WINDOW = 32
 """Steps whose own work makes the engine's usual step (their median)."""
+
+
+class Pacer:
+    """Paces the engine's requests after each step against its usual step (the median of its
+    last :data:`PACE_WINDOW` steps' own work)."""
+
+    def __init__(self) -> None:
+        self._work: deque[float] = deque(maxlen=PACE_WINDOW)  # forward + sampling, s
+
+    def after_step(
+        self, batch: Sequence[Scheduled], fill_times: Mapping[int, float], work_s: float
+    ) -> int:
+        """Note a step's own work (``work_s``) and pace its requests by their ``fill_times``;
+        returns how many sit out steps."""
+        self._work.append(work_s)
+        if not fill_times:
+            return 0
+        return pace(batch, fill_times, statistics.median(self._work))
 
 
 def pace(batch: Sequence[Scheduled], fill_times: Mapping[int, float], step_s: float) -> int:

@@ -44,3 +44,10 @@ class EngineStats:
     invalid_outputs: int = 0  # complete outputs that broke their JSON schema (grammar_error)
     paced_requests: int = 0  # times a request's slow masks made it sit out steps (pacing)
     steps_sat_out: int = 0  # steps requests sat out, summed over the requests
+
+    def add_step(self, start: float, forward_end: float, guide_end: float, end: float) -> None:
+        """Count a step from its times: forward, then guide, then sampling."""
+        self.steps += 1
+        self.forward_s += forward_end - start
+        self.guide_s += guide_end - forward_end
+        self.sample_s += end - guide_end

@@ -31,7 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from guidedec.decoder.token_checks import TokenChecks
+from guidedec.engine.masked_forward import StepRows
+from guidedec.engine.request import Request
 from guidedec.engine.validation import OutputValidator, describe_error
+from guidedec.errors import REQUEST_ERRORS
 from guidedec.grammar.auto_policy import XGRAMMAR, xgrammar_inexact_reason
 from guidedec.grammar.json_prefix import scan_prefix
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
@@ -221,3 +224,67 @@ def check_sampled(
         return token, refused
     fallback = checks.fallback(slot, left)
     return (token if fallback is None else fallback), None
+
+
+class SampledChecks:
+    """The engine's checks of each token it samples for a guided request's last closed row
+    (:func:`check_sampled`), with the request's state kept on it (``steered``, ``broken``,
+    ``forced_from``).
+
+    Args:
+        token_checks: The decoder's side of the checks (its slots' matchers and closer).
+        steering: The schema checks of steered requests.
+        tokenizer: The model's tokenizer.
+        max_model_len: The model's context (a request's budget ends there too).
+    """
+
+    def __init__(
+        self,
+        token_checks: TokenChecks,
+        steering: ValueSteering,
+        tokenizer: TokenizerInfo,
+        max_model_len: int,
+    ) -> None:
+        self.token_checks, self.steering = token_checks, steering
+        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+
+    def check(self, req: Request, row: int, token: int, step: StepRows) -> int | None:
+        """``token``, or another one sampled from the same row (``row`` of ``step``) without
+        it, when after it no completion of the request's guide fits what is left of its budget
+        (budget-aware closing; see :meth:`guidedec.decoder.closing.BudgetCloser.admits`) or it
+        closes a value that breaks the request's schema (steering). The draw is the row's
+        distribution restricted to the tokens that pass.
+
+        None when a backend call inside the checks failed: the request has finished with
+        ``grammar_error`` naming it (its matcher's state is unknown); the others go on."""
+        guide, slot = req.params.guided_decoding, req.slot
+        if guide is None or slot is None:
+            return token
+        checks = self.token_checks
+        backend = checks.backend(slot)
+        if backend is None:
+            return token
+        if req.steered is None:
+            req.steered = self.steering.applies(guide, backend)
+        closing, steered = req.params.close_within_budget, req.steered
+        if not closing and not steered:
+            return token
+        left = req.tokens_left(self.max_model_len)
+        sampled = SampledToken(token, guide, slot, left, req.output_token_ids, closing, steered)
+        try:
+            token, broken = check_sampled(
+                sampled,
+                checks,
+                self.steering,
+                self.tokenizer,
+                lambda banned: step.redraw(row, req.params, req.generator, banned),
+            )
+        except REQUEST_ERRORS as exc:
+            message = f"request {req.request_id} (slot {slot}) failed in guided decoding: {exc}"
+            req.finish("grammar_error", message)
+            return None
+        if broken is not None:  # no draw keeps the output valid
+            req.broken = broken
+        if closing and req.forced_from is None and checks.forced_at(slot) == left:
+            req.forced_from = len(req.output_token_ids)  # the budget chose this token
+        return token

@@ -314,7 +314,7 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
 
     from guidedec.grammar.auto import build_backend_factory
     from guidedec.grammar.llguidance_backend import llguidance_tokenizer
-    from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info
+    from guidedec.grammar.xgrammar_tokenizer import xgrammar_tokenizer_info
     from guidedec.tokenizer import TokenizerInfo
 
     # What every probe needs comes before the memory limit, which is the compiles' room: the

@@ -2,7 +2,7 @@
 tokenizer's views of them (1.7 s of building that no worker repeats)."""
 
 from guidedec.grammar.llguidance_backend import llguidance_tokenizer
-from guidedec.grammar.xgrammar_backend import xgrammar_tokenizer_info
+from guidedec.grammar.xgrammar_tokenizer import xgrammar_tokenizer_info
 from guidedec.tokenizer import TokenizerInfo
 
 _TOKENIZER = TokenizerInfo.default()

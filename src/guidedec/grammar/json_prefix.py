@@ -42,78 +42,97 @@ class _Frame:
 
 def scan_prefix(text: str) -> JsonPrefix:
     """Read ``text``, the beginning of one JSON value (whitespace allowed around tokens)."""
-    frames: list[_Frame] = []
-    end: int | None = None  # where the top-level value ended
-    in_string = is_key = scalar = False
-    start = i = 0
-    n = len(text)
+    return _Scanner(text).scan()
 
-    def value_start() -> None:
-        if frames:
-            top = frames[-1]
+
+class _Scanner:
+    """One left-to-right read of a prefix: the open containers (``frames``), and where the
+    top-level value ended (``end``)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.frames: list[_Frame] = []
+        self.end: int | None = None  # where the top-level value ended
+
+    def scan(self) -> JsonPrefix:
+        text, frames = self.text, self.frames
+        in_string = is_key = scalar = False
+        start = i = 0
+        n = len(text)
+        while i < n and self.end is None:
+            ch = text[i]
+            if in_string:
+                if ch == "\\":
+                    i += 2
+                    continue
+                if ch == '"':
+                    in_string = False
+                    if is_key:
+                        top = frames[-1]
+                        top.key, top.pending, top.expect_key = (
+                            _key(text[start : i + 1]),
+                            True,
+                            False,
+                        )
+                    else:
+                        self.value_done(i + 1)
+                i += 1
+                continue
+            if scalar and ch in _SCALAR_END:
+                scalar = False
+                self.value_done(i)
+                if self.end is not None:
+                    break
+            if ch == '"':
+                in_string, start = True, i
+                is_key = bool(frames) and frames[-1].is_object and frames[-1].expect_key
+                if not is_key:
+                    self.value_start()
+            elif ch in "{[":
+                self.value_start()
+                frames.append(_Frame(is_object=ch == "{", cut=i + 1))
+            elif ch in "}]":
+                if not frames:
+                    break
+                frames.pop()
+                self.value_done(i + 1)
+            elif ch == ",":
+                if frames and frames[-1].is_object:
+                    frames[-1].expect_key = True
+            elif ch not in _WHITESPACE and ch != ":" and not scalar:
+                scalar = True
+                self.value_start()
+            i += 1
+        return self.result()
+
+    def value_start(self) -> None:
+        if self.frames:
+            top = self.frames[-1]
             if not top.is_object:
                 top.key = top.count
             top.pending = True
 
-    def value_done(at: int) -> None:
-        nonlocal end
-        if not frames:
-            end = at
+    def value_done(self, at: int) -> None:
+        if not self.frames:
+            self.end = at
             return
-        top = frames[-1]
+        top = self.frames[-1]
         top.cut, top.pending = at, False
         if not top.is_object:
             top.count += 1
 
-    while i < n and end is None:
-        ch = text[i]
-        if in_string:
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == '"':
-                in_string = False
-                if is_key:
-                    top = frames[-1]
-                    top.key, top.pending, top.expect_key = _key(text[start : i + 1]), True, False
-                else:
-                    value_done(i + 1)
-            i += 1
-            continue
-        if scalar and ch in _SCALAR_END:
-            scalar = False
-            value_done(i)
-            if end is not None:
-                break
-        if ch == '"':
-            in_string, start = True, i
-            is_key = bool(frames) and frames[-1].is_object and frames[-1].expect_key
-            if not is_key:
-                value_start()
-        elif ch in "{[":
-            value_start()
-            frames.append(_Frame(is_object=ch == "{", cut=i + 1))
-        elif ch in "}]":
-            if not frames:
-                break
-            frames.pop()
-            value_done(i + 1)
-        elif ch == ",":
-            if frames and frames[-1].is_object:
-                frames[-1].expect_key = True
-        elif ch not in _WHITESPACE and ch != ":" and not scalar:
-            scalar = True
-            value_start()
-        i += 1
-    if end is not None:
-        return JsonPrefix(text[:end], None)
-    if not frames:
-        return JsonPrefix(None, ())
-    path = [f.key for f in frames[:-1]]
-    if frames[-1].pending:
-        path.append(frames[-1].key)
-    closers = "".join("}" if f.is_object else "]" for f in reversed(frames))
-    return JsonPrefix(text[: frames[-1].cut] + closers, tuple(p for p in path if p is not None))
+    def result(self) -> JsonPrefix:
+        frames = self.frames
+        if self.end is not None:
+            return JsonPrefix(self.text[: self.end], None)
+        if not frames:
+            return JsonPrefix(None, ())
+        path = [f.key for f in frames[:-1]]
+        if frames[-1].pending:
+            path.append(frames[-1].key)
+        closers = "".join("}" if f.is_object else "]" for f in reversed(frames))
+        cut = frames[-1].cut
+        return JsonPrefix(self.text[:cut] + closers, tuple(p for p in path if p is not None))
 
 
 def _key(quoted: str) -> str:

@@ -61,13 +61,11 @@ request's slot in the closer is its own, kept while vLLM moves it in the batch.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import torch
@@ -90,74 +88,20 @@ from guidedec.grammar.batch_fill import BatchFiller
 from guidedec.grammar.closed_objects import closed_guide
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.matcher import GrammarMatcher, GrammarMatcherFactory
+from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams
+from guidedec.integrations.vllm_options import (
+    ENGINE_OPTIONS,
+    EXTRA_KEY,
+    guide_of,
+    request_options,
+    syntax_factory,
+)
 from guidedec.tokenizer import TokenizerInfo
 
 __all__ = ["EXTRA_KEY", "GuidedLogitsProcessor", "guide_of", "request_options"]
 
-EXTRA_KEY = "guidedec"
-"""The key of ``SamplingParams.extra_args`` that holds a request's guide."""
-
 logger = logging.getLogger(__name__)
-
-
-def guide_of(params: Any) -> GuidedDecodingParams | None:
-    """The guide in a vLLM ``SamplingParams``'s ``extra_args["guidedec"]``, None if it has none.
-
-    Raises:
-        ValueError: the entry is not an object of ``GuidedDecodingParams`` fields (and
-            ``close_within_budget``).
-    """
-    return request_options(params)[0]
-
-
-def request_options(params: Any) -> tuple[GuidedDecodingParams | None, bool]:
-    """The guide in ``extra_args["guidedec"]`` (None if it has none) and whether the request
-    asks for budget-aware closing (``close_within_budget``, default False inside vLLM).
-
-    Raises:
-        ValueError: as :func:`guide_of` does.
-    """
-    extra = (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
-    if extra is None:
-        return None, False
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"extra_args[{EXTRA_KEY!r}] is not valid JSON: {exc}") from None
-    if not isinstance(extra, Mapping):
-        raise ValueError(f"extra_args[{EXTRA_KEY!r}] must be an object, got {type(extra).__name__}")
-    fields = dict(extra)
-    closing = fields.pop("close_within_budget", False)
-    if not isinstance(closing, bool):
-        raise ValueError(
-            f"extra_args[{EXTRA_KEY!r}].close_within_budget must be true or false, got {closing!r}"
-        )
-    try:
-        return GuidedDecodingParams(**fields), closing
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"extra_args[{EXTRA_KEY!r}]: {exc}") from None
-
-
-@cache
-def _syntax_factory() -> GrammarMatcherFactory:
-    return create_grammar_matcher_factory(
-        GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), json_whitespace="compact")
-    )
-
-
-ENGINE_OPTIONS = (
-    "backend",
-    "auto_prefers",
-    "json_whitespace",
-    "fill_mode",
-    "fill_threads",
-    "out_of_place",
-    "disable_additional_properties",
-)
-"""The keys of ``additional_config["guidedec"]`` (:class:`~guidedec.GuidedDecodingConfig`'s)."""
 
 
 @dataclass
@@ -181,7 +125,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         if guide is None:
             return
         try:
-            _syntax_factory().compile(guide)
+            syntax_factory().compile(guide)
         except (GuidedecError, ValueError) as exc:
             raise ValueError(f"invalid guide in extra_args[{EXTRA_KEY!r}]: {exc}") from None
 

@@ -109,18 +109,28 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=api_key)
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=list(allowed_origins),
-        allow_methods=list(allowed_methods),
-        allow_headers=list(allowed_headers),
-        allow_credentials=allow_credentials,
-    )
+    _add_cors(app, allowed_origins, allowed_methods, allowed_headers, allow_credentials)
     app.state.engine = engine
     api = _Api(llm, engine, name, default_max_tokens, chat_template, tool_settings)
     add_error_handlers(app, api.metrics)
     _add_routes(app, api)
     return app
+
+
+def _add_cors(
+    app: FastAPI,
+    origins: Sequence[str],
+    methods: Sequence[str],
+    headers: Sequence[str],
+    credentials: bool,
+) -> None:
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(origins),
+        allow_methods=list(methods),
+        allow_headers=list(headers),
+        allow_credentials=credentials,
+    )
 
 
 def _add_routes(app: FastAPI, api: _Api) -> None:

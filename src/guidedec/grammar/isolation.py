@@ -312,6 +312,7 @@ def _worker_main(conn: Connection, settings: _Settings) -> None:
     """A worker's loop: probe one guide at a time until told to stop or orphaned."""
     import torch
 
+    import guidedec.grammar.xgrammar_backend  # noqa: F401  # before the memory limit
     from guidedec.grammar.auto import build_backend_factory
     from guidedec.grammar.llguidance_backend import llguidance_tokenizer
     from guidedec.grammar.xgrammar_tokenizer import xgrammar_tokenizer_info

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-import guidedec.decoder.closing.search
+import guidedec.decoder.closing.settings
 import summary
 from guidedec import (
     LLM,
@@ -58,7 +58,7 @@ def steady_search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     marked ``timed_search``: on a loaded machine (a parallel run) a search could give up in one
     run and not in the other, and tests compare runs token for token."""
     if request.node.get_closest_marker("timed_search") is None:
-        monkeypatch.setattr(guidedec.decoder.closing.search, "SLOW_SEARCH_S", math.inf)
+        monkeypatch.setattr(guidedec.decoder.closing.settings, "SLOW_SEARCH_S", math.inf)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

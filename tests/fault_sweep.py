@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-import guidedec.decoder.closing.search
+import guidedec.decoder.closing.settings
 import guidedec.decoder.fill_timing
 import guidedec.engine.pacing
 from guidedec import LLM, GuidedDecodingParams, SamplingParams
@@ -89,7 +89,7 @@ class _AtOnce(cf.Executor):
 def pin_timing(monkeypatch: pytest.MonkeyPatch, timed: bool) -> None:
     monkeypatch.setattr(guidedec.decoder.fill_timing, "FILL_TIMING_S", 0.0 if timed else math.inf)
     monkeypatch.setattr(guidedec.engine.pacing, "pace", lambda *args: 0)
-    monkeypatch.setattr(guidedec.decoder.closing.search, "SLOW_SEARCH_S", math.inf)
+    monkeypatch.setattr(guidedec.decoder.closing.settings, "SLOW_SEARCH_S", math.inf)
 
 
 def injection_points(calls: dict[Site, int]) -> list[tuple[Site, int]]:

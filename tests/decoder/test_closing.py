@@ -26,7 +26,7 @@ from guidedec import LLM, GuidedDecodingParams, SamplingParams
 from guidedec.bench.cases import COMMITTING_CASES, COMMITTING_GRAMMARS, JSON_CASES
 from guidedec.bitmask import allocate_bitmask
 from guidedec.decoder.closing import THINK_ROOM, WINDOW, BudgetCloser, CompletionSearch, completes
-from guidedec.decoder.closing.search import MAX_DEPTH, SLOW_SEARCH_S
+from guidedec.decoder.closing.settings import MAX_DEPTH, SLOW_SEARCH_S
 from guidedec.decoder.closing.witness import rests as witness_rests
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.guide_words import guide_words

@@ -20,7 +20,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 import guidedec  # noqa: E402
-import guidedec.decoder.closing.search  # noqa: E402
+import guidedec.decoder.closing.settings  # noqa: E402
 from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
 from guidedec.bitmask import apply_bitmask  # noqa: E402
 from guidedec.engine.model import export_model  # noqa: E402
@@ -467,7 +467,7 @@ def faulty_engine(model_dir: Path) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Every run makes the same calls: the closing search's time limit is lifted.
-        patch.setattr(guidedec.decoder.closing.search, "SLOW_SEARCH_S", math.inf)
+        patch.setattr(guidedec.decoder.closing.settings, "SLOW_SEARCH_S", math.inf)
         # The faults find their request by its guide as written: objects stay open.
         options = {"backend": "llguidance", "disable_additional_properties": False}
         llm = _vllm(model_dir, _FaultyProcessor, additional_config={"guidedec": options})

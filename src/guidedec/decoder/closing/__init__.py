@@ -10,9 +10,9 @@ whole behaviour.
 
 from guidedec.decoder.closing.closer import BudgetCloser
 from guidedec.decoder.closing.search import CompletionSearch, completes
+from guidedec.decoder.closing.settings import MARGIN, THINK_ROOM, WINDOW
 from guidedec.decoder.closing.stats import ClosingStats
 from guidedec.decoder.closing.vocab import ClosingVocab, DigitTokens
-from guidedec.decoder.closing.witness import MARGIN, THINK_ROOM, WINDOW
 
 __all__ = [
     "MARGIN",

@@ -33,7 +33,7 @@ has left still ends it ``length``.
 
 Cost bounds: the witness of a guide's initial state is kept, and tried first at every output's
 start; a search expands at most ``8 * min(tokens_left, MAX_DEPTH) + 16`` states
-(:data:`guidedec.decoder.closing.search.MAX_DEPTH`).
+(:data:`guidedec.decoder.closing.settings.MAX_DEPTH`).
 A request for which no witness fits is searched no more (its output ends ``length``, with a
 note); a guide whose initial state had none within N tokens is not searched again from there
 with at most N left.
@@ -46,11 +46,12 @@ from typing import Any
 
 import numpy.typing as npt
 
+import guidedec.decoder.closing.settings as settings
 from guidedec.bitmask.layout import token_word
 from guidedec.decoder.closing.search import completes
 from guidedec.decoder.closing.stats import ClosingStats
 from guidedec.decoder.closing.vocab import ClosingVocab
-from guidedec.decoder.closing.witness import MARGIN, WINDOW, Witnesses, replayed
+from guidedec.decoder.closing.witness import Witnesses, replayed
 from guidedec.decoder.request import GuidedRequest
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams
@@ -61,8 +62,8 @@ from guidedec.tokenizer import TokenizerInfo
 class _SlotState:
     witness: list[int] | None = None  # from the state of the last closed row, its token first
     after: tuple[int, list[int]] | None = None  # a checked sampled token and the witness after it
-    next_search: int = WINDOW  # search again once tokens_left is at most this
-    window: int = WINDOW  # the guide's window (see BudgetCloser.window)
+    next_search: int = settings.WINDOW  # search again once tokens_left is at most this
+    window: int = settings.WINDOW  # the guide's window (see BudgetCloser.window)
     incomplete: bool = False
     moved: bool = False  # the matcher moved by more than the row's token since the witness
     guide: GuidedDecodingParams | None = None  # the params ``window`` was read from
@@ -83,7 +84,9 @@ class BudgetCloser:
             that fits, a value's digits and words included.
     """
 
-    def __init__(self, tokenizer: TokenizerInfo, num_slots: int, *, margin: int = MARGIN) -> None:
+    def __init__(
+        self, tokenizer: TokenizerInfo, num_slots: int, *, margin: int = settings.MARGIN
+    ) -> None:
         self.tokenizer, self.num_slots, self.margin = tokenizer, num_slots, margin
         self.stats = ClosingStats()
         self.witnesses = Witnesses(tokenizer, self.stats)
@@ -121,7 +124,9 @@ class BudgetCloser:
         last = tokens_left - num_tokens
         if last <= state.next_search or (last <= state.window and not state.incomplete):
             return True
-        return state.witness is not None and len(state.witness) > last - MARGIN - num_tokens
+        return (
+            state.witness is not None and len(state.witness) > last - settings.MARGIN - num_tokens
+        )
 
     def forget(self, slot: int) -> None:
         """The slot's request ended or its matcher was created anew."""
@@ -184,7 +189,7 @@ class BudgetCloser:
                 return
             state.incomplete = False
             room = left - len(witness)
-            state.next_search = left - max(0, room - MARGIN) // 3
+            state.next_search = left - max(0, room - settings.MARGIN) // 3
         state.witness = witness
         if len(witness) > left - self.margin:
             token = witness[0]
@@ -224,7 +229,7 @@ class BudgetCloser:
         falls due there)."""
         fresh = state.guide is None
         state.guide = params
-        state.window = WINDOW if params is None else self.witnesses.window(params)
+        state.window = settings.WINDOW if params is None else self.witnesses.window(params)
         if fresh:
             state.next_search = max(state.next_search, state.window)
 

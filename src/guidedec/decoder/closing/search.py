@@ -49,38 +49,17 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+import guidedec.decoder.closing.settings as settings
 from guidedec.bitmask.layout import allocate_bitmask
 from guidedec.decoder.closing.vocab import WORD_KINDS, ClosingVocab
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.tokenizer import TokenizerInfo
-
-BRANCHES = 3
-"""Subtrees that fail per state before the search backtracks past it (a token that leads back
-to a state on the path does not count)."""
-MAX_CYCLE = 16
-"""The longest token cycle the search recognises (see ``CompletionSearch._repeats``)."""
-PER_STATE = 12
-"""Allowed tokens looked at per state, in preference order."""
-PROBE_CANDIDATES = 24
-"""Candidates the probe tries per state (see ``CompletionSearch._probe``)."""
-PROBE_TRIES = 24
-"""Tries per token of the limit after which the probe gives up (a cycle of accepted tokens)."""
 
 
 def completes(matcher: GrammarMatcher, tokens: Sequence[int]) -> bool:
     """Whether the matcher accepts ``tokens`` and ends the guide with them (left as it was):
     :meth:`GrammarMatcher.completes`, one native call on either backend."""
     return matcher.completes(tokens)
-
-
-SLOW_SEARCH_S = 0.05
-"""A search gives up after this long where its masks took over :data:`SLOW_NODE_S` each on
-average: a guide whose masks take tens of milliseconds would stall its whole batch for the
-search (a real guide's search reads a mask in tens of microseconds, and so never gives up)."""
-SLOW_NODE_S = 1e-3
-MAX_DEPTH = 192
-"""The deepest the search proper goes (it recurses per token and keeps a mask row per depth);
-the probe, a loop with one row, follows a witness up to the whole ``limit``."""
 
 
 class CompletionSearch:
@@ -117,7 +96,7 @@ class CompletionSearch:
         if matcher.is_terminated() or limit < 1:
             return None
         self._order = self._ordering(tuple(words))
-        deepest = min(limit, MAX_DEPTH)
+        deepest = min(limit, settings.MAX_DEPTH)
         if self._rows.shape[0] < deepest + 1:
             self._rows = allocate_bitmask(deepest + 1, self.vocab.vocab_size)
         total = 8 * deepest + 16 if max_nodes is None else max_nodes
@@ -131,7 +110,7 @@ class CompletionSearch:
         # guides need them (``minItems: 50`` counts where the mask cannot show it, and so does
         # a literal the output stands inside: ``("aaaaaaaa")*`` after 17 a's).
         passes = [(deepest, 2 * deepest + 8, True)]
-        passes += [(d, 4 * d, True) for d in _DEEPENING if d < deepest]
+        passes += [(d, 4 * d, True) for d in settings.DEEPENING if d < deepest]
         passes.append((deepest, total, False))
         for depth, share, prune in passes:
             if self.nodes >= total or self.gave_up:
@@ -149,10 +128,10 @@ class CompletionSearch:
         return None
 
     def _too_slow(self) -> bool:
-        """Whether the search has run past :data:`SLOW_SEARCH_S` on slow masks (it then gives
-        up: ``gave_up``)."""
+        """Whether the search has run past ``settings.SLOW_SEARCH_S`` on slow masks (it then
+        gives up: ``gave_up``)."""
         took = perf_counter() - self._began
-        if took > SLOW_SEARCH_S and took > self.nodes * SLOW_NODE_S:
+        if took > settings.SLOW_SEARCH_S and took > self.nodes * settings.SLOW_NODE_S:
             self.gave_up = True
         return self.gave_up
 
@@ -167,10 +146,10 @@ class CompletionSearch:
         a state that allows no candidate, past ``PROBE_TRIES`` tries per token of ``limit`` (a
         cycle) or ``2 * limit`` mask reads, or when the completion does not fit ``limit``: the
         search proper runs then. The matcher is left in its state."""
-        candidates = self._order[5][:PROBE_CANDIDATES]
+        candidates = self._order[5][: settings.PROBE_CANDIDATES]
         stops, closer_of = self.vocab.stop_token_ids, self.vocab.closer_of
         path: list[int] = []
-        tries, most = 0, PROBE_TRIES * limit
+        tries, most = 0, settings.PROBE_TRIES * limit
         found: int | None = None
         try:
             while tries <= most and found is None:
@@ -225,7 +204,7 @@ class CompletionSearch:
         first = self.vocab.num_singles_first
         probe = list(dict.fromkeys([*singles[:first].tolist(), *words, *singles[first:].tolist()]))
         entry = (order, order >> 5, (order & 31).astype(np.uint32), space, kinds, probe)
-        if len(self._orderings) >= _ORDERINGS_KEPT:
+        if len(self._orderings) >= settings.ORDERINGS_KEPT:
             self._orderings.pop(next(iter(self._orderings)))
         self._orderings[words] = entry
         return entry
@@ -261,7 +240,7 @@ class CompletionSearch:
         """Whether the path ends with a cycle: its last ``k`` tokens repeat the ``k`` before
         them and lead back to the mask they started from (``ab`` ``ab`` under ``(ab)*c``)."""
         depth = len(path)
-        for k in range(1, min(MAX_CYCLE, depth // 2) + 1):
+        for k in range(1, min(settings.MAX_CYCLE, depth // 2) + 1):
             if self._fingerprints[depth - k] == fingerprint and (
                 path[depth - k :] == path[depth - 2 * k : depth - k]
             ):
@@ -285,7 +264,7 @@ class CompletionSearch:
             path.pop()
             matcher.rollback(1)
             branches += result is _FAILED
-            if branches >= BRANCHES or self.nodes >= self._budget:
+            if branches >= settings.BRANCHES or self.nodes >= self._budget:
                 break
         return _FAILED
 
@@ -300,29 +279,26 @@ class CompletionSearch:
         if solid.size:  # the first token of each kind: a number or a word counts once
             seen: set[int] = set()
             picked: list[int] = []
-            head = solid[:_KIND_SCAN]
+            head = solid[: settings.KIND_SCAN]
             for index, kind in zip(head.tolist(), kinds[head].tolist(), strict=True):
                 if kind not in seen:
                     seen.add(kind)
                     picked.append(int(order[index]))
-                    if len(picked) == PER_STATE:
+                    if len(picked) == settings.PER_STATE:
                         return picked
-            if solid.size > _KIND_SCAN:  # a long run of one kind (numbers): all of them
+            if solid.size > settings.KIND_SCAN:  # a long run of one kind (numbers): all of them
                 _, first = np.unique(kinds[solid], return_index=True)
-                picked = order[solid[np.sort(first)[:PER_STATE]]].tolist()
+                picked = order[solid[np.sort(first)[: settings.PER_STATE]]].tolist()
             return picked
         if hits.size:
-            spaces: list[int] = order[hits[:PER_STATE]].tolist()
+            spaces: list[int] = order[hits[: settings.PER_STATE]].tolist()
             return spaces
-        nonzero = np.flatnonzero(unsigned)[:PER_STATE]
+        nonzero = np.flatnonzero(unsigned)[: settings.PER_STATE]
         ids = []
         for word in nonzero.tolist():
             bits = int(unsigned[word])
             ids += [word * 32 + b for b in range(32) if bits >> b & 1]
-        return [t for t in ids if t < self.vocab.vocab_size][:PER_STATE]
+        return [t for t in ids if t < self.vocab.vocab_size][: settings.PER_STATE]
 
 
 _FOUND, _FAILED, _PRUNED = object(), object(), object()
-_DEEPENING = (4, 8, 16, 32, 64, 128)
-_ORDERINGS_KEPT = 64
-_KIND_SCAN = 256  # allowed candidates looked at for distinct kinds

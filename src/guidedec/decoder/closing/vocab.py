@@ -13,12 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+import guidedec.decoder.closing.settings as settings
 from guidedec.bitmask.layout import BITS_PER_WORD
 from guidedec.tokenizer import TokenizerInfo
 
-MAX_CANDIDATE_CHARS = 3
-"""The longest token text among the candidates (a state allowing none of them falls back to
-its lowest allowed token ids)."""
 CLOSING_ORDER = "\"}])'>,;:"  # closers, then separators: both end what is open
 CLOSERS = frozenset(CLOSING_ORDER)
 SEPARATORS = frozenset(",;:")
@@ -38,7 +36,12 @@ def preference_order(texts: list[str], excluded: set[int]) -> npt.NDArray[np.int
     keyed = []
     for token_id, text in enumerate(texts):
         printable = text.isascii() and (text.isprintable() or text.isspace())
-        if not text or token_id in excluded or not printable or len(text) > MAX_CANDIDATE_CHARS:
+        if (
+            not text
+            or token_id in excluded
+            or not printable
+            or len(text) > settings.MAX_CANDIDATE_CHARS
+        ):
             continue
         keyed.append((*_preference(text), token_id))
     keyed.sort()

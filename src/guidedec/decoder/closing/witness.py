@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import guidedec.decoder.closing.settings as settings
 from guidedec.decoder.closing.search import CompletionSearch, completes
 from guidedec.decoder.closing.stats import ClosingStats
 from guidedec.decoder.closing.vocab import ClosingVocab
@@ -19,27 +20,6 @@ from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.grammar.schema_reach import MAX_REACH, guide_reach
 from guidedec.kept import Kept
 from guidedec.tokenizer import TokenizerInfo
-
-WINDOW = 64
-"""Tokens left at which a request's first search runs, for a guide whose reach is shorter."""
-MARGIN = 2
-"""Room a witness must leave for the model to choose freely; with less the witness is forced."""
-GUIDES_KEPT = 1024
-"""Guides whose words, window and witnesses are kept (all are dropped when it fills)."""
-REPLAY_SKIPS = 3
-"""Leading tokens of the previous witness a replay may skip (the sampled token wrote them)."""
-KEYS_KEPT = 64
-"""Params objects whose guide keys are kept (they are kept alive while listed)."""
-RECENT_KEPT = 8
-"""Witnesses kept per guide: a search first tries those (a replay costs no mask fill)."""
-RECENT_SLACK = 8
-"""Room a kept witness must leave to be used: it may be longer than a fresh search's, which
-matters only where the budget is close."""
-ENCODINGS_KEPT = 4096
-"""Texts whose encodings are kept (all are dropped when it fills)."""
-THINK_ROOM = 8
-"""Room a ``think_first`` output's free text leaves its value beyond the value's shortest
-completion: the model writes the value in its own style (whitespace, its own digits)."""
 
 
 @dataclass(slots=True)
@@ -66,9 +46,11 @@ class Witnesses:
         self.tokenizer, self.stats = tokenizer, stats
         self.sized_windows = True  # False: every guide's window is WINDOW (a benchmark's baseline)
         self._search: CompletionSearch | None = None
-        self._guides: Kept[object, _GuideMemo] = Kept(GUIDES_KEPT)  # by the guide's key
-        self._keys: Kept[int, tuple[GuidedDecodingParams, object]] = Kept(KEYS_KEPT)
-        self._encodings: Kept[str, list[int]] = Kept(ENCODINGS_KEPT)  # text -> its token ids
+        self._guides: Kept[object, _GuideMemo] = Kept(settings.GUIDES_KEPT)  # by the guide's key
+        self._keys: Kept[int, tuple[GuidedDecodingParams, object]] = Kept(settings.KEYS_KEPT)
+        self._encodings: Kept[str, list[int]] = Kept(
+            settings.ENCODINGS_KEPT
+        )  # text -> its token ids
 
     @property
     def gave_up(self) -> bool:
@@ -81,14 +63,14 @@ class Witnesses:
         counted in this tokenizer's tokens) is longer, so that no token before the window can
         commit an output to more than it has left."""
         if not self.sized_windows:
-            return WINDOW
+            return settings.WINDOW
         memo = self.memo(params)
         if memo.window is None:
             reach = guide_reach(params, lambda text: len(self.encoded(text)))
             if reach is None or reach >= MAX_REACH:  # unknown, or no finite completion seen
-                memo.window = WINDOW
+                memo.window = settings.WINDOW
             else:
-                memo.window = max(WINDOW, reach + MARGIN + 1)
+                memo.window = max(settings.WINDOW, reach + settings.MARGIN + 1)
         return memo.window
 
     def warm_up(self) -> None:
@@ -109,7 +91,7 @@ class Witnesses:
         if opener is None or not witness:
             return 0
         encoded = self.encoded(opener)
-        return THINK_ROOM if len(encoded) == 1 and witness[0] == encoded[0] else 0
+        return settings.THINK_ROOM if len(encoded) == 1 and witness[0] == encoded[0] else 0
 
     def respelled(
         self, matcher: GrammarMatcher, witness: list[int] | None, token: int, limit: int
@@ -166,7 +148,7 @@ class Witnesses:
             self.stats.recent_hits += 1
             return first
         for known in recent:  # another output of the guide was here (or somewhere like it)
-            if len(known) + RECENT_SLACK <= left and completes(matcher, known):
+            if len(known) + settings.RECENT_SLACK <= left and completes(matcher, known):
                 self.stats.recent_hits += 1
                 return known
         began = time.perf_counter()
@@ -180,7 +162,7 @@ class Witnesses:
             memo.start = witness
         if witness is not None and witness not in recent:
             recent.insert(0, witness)
-            del recent[RECENT_KEPT:]
+            del recent[settings.RECENT_KEPT :]
         return witness
 
     def after_opener(
@@ -225,7 +207,7 @@ def replayed(
     fill. The matcher is left as it was."""
     if not witness:
         return None
-    for skip in range(first, min(REPLAY_SKIPS, len(witness)) + 1):
+    for skip in range(first, min(settings.REPLAY_SKIPS, len(witness)) + 1):
         candidate = witness[skip:]
         if not candidate or len(candidate) > limit:
             continue

@@ -4,7 +4,7 @@ so a test or a benchmark may set one for a run."""
 
 from __future__ import annotations
 
-# --- when closing acts (see guidedec.decoder.closing.closer) -----------------------------------
+# --- when closing acts, and what it keeps (see closer and witness) ------------------------------
 
 WINDOW = 64
 """Tokens left at which a request's first search runs, for a guide whose reach is shorter."""

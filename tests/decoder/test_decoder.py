@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from guidedec import (
     GrammarMatcher,
@@ -267,3 +269,97 @@ def test_decoder_width_is_the_tokenizers_padded_vocab(tokenizer: TokenizerInfo) 
     decoder = testing.make_decoder(padded, max_num_sequences=1)
     assert decoder.vocab_size == padded.vocab_size
     assert decoder.bitmask_host.shape == (1, bitmask_size(padded.vocab_size))
+
+
+PRIOR_TEXT = '{"n": 1234}'
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), backend=st.sampled_from(["xgrammar", "llguidance"]))
+def test_prior_tokens_advance_the_matcher_as_steps_of_one_token_would(
+    data: st.DataObject, backend: str, tokenizer: TokenizerInfo, make_factory
+) -> None:
+    """A run of tokens split into steps of any sizes (all but each step's last as
+    ``prior_tokens``) leaves every step's row and advance count as a fresh matcher fed that
+    prefix: the same as one token per step."""
+    factory = make_factory(backend)
+    decoder = testing.make_decoder(tokenizer, backend, factory=factory, max_num_sequences=2)
+    tokens = tokenizer.encode(PRIOR_TEXT)[:-1]  # the value left open: each row has a token
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(tokens) - 1), max_size=len(tokens) - 1)))
+    steps = [tokens[a:b] for a, b in zip([0, *cuts], [*cuts, len(tokens)], strict=True)]
+    decoder.add_batch([GuidedRequest.context(SCHEMA, request_id=1, seq_slot=1)])
+    assert decoder.build() == []
+    fed = 0
+    for step in steps:
+        request = GuidedRequest.generation(
+            SCHEMA, request_id=1, seq_slot=1, new_token=step[-1], prior_tokens=step[:-1]
+        )
+        decoder.add_batch([request])
+        assert decoder.build() == []
+        fed += len(step)
+        assert decoder.num_advanced_tokens[1] == len(step)
+        assert decoder.token_mask_host[0] == 1
+        expected = expected_row(factory, SCHEMA, tokens[:fed], tokenizer.vocab_size)
+        assert torch.equal(decoder.bitmask_host[0], expected)
+
+
+@pytest.mark.parametrize("first_iteration", [False, True])
+def test_a_rejected_prior_token_fails_its_request_alone(
+    first_iteration: bool, make_decoder, tokenizer: TokenizerInfo
+) -> None:
+    decoder = make_decoder("xgrammar")
+    yes, bad = tokenizer.encode("yes")[0], tokenizer.encode("maybe")[0]
+    if not first_iteration:
+        decoder.add_batch([GuidedRequest.context(REGEX, request_id=7, seq_slot=0)])
+        assert decoder.build() == []
+    decoder.add_batch(
+        [
+            GuidedRequest.generation(
+                REGEX,
+                request_id=7,
+                seq_slot=0,
+                new_token=yes,
+                prior_tokens=[bad],
+                is_generation_only_first_iteration=first_iteration,
+            ),
+            GuidedRequest.context(SCHEMA, request_id=8, seq_slot=1),
+        ]
+    )
+    failures = dict(decoder.build())
+    assert list(failures) == [7] and f"token {bad} is rejected" in failures[7]
+    assert decoder.token_mask_host[:2].tolist() == [0, 1]
+    assert decoder.grammar_matchers[0] is None
+
+
+def test_a_guide_that_ends_inside_prior_tokens_has_no_row(
+    make_decoder, tokenizer: TokenizerInfo
+) -> None:
+    """The tokens after the grammar's end are not fed: the output ends there, unmasked."""
+    decoder = make_decoder("llguidance")
+    decoder.add_batch([GuidedRequest.context(REGEX, request_id=3, seq_slot=0)])
+    assert decoder.build() == []
+    done = tokenizer.encode("no!")
+    stop = tokenizer.stop_token_ids[0]
+    decoder.add_batch(
+        [
+            GuidedRequest.generation(
+                REGEX, request_id=3, seq_slot=0, new_token=stop, prior_tokens=[*done, stop]
+            )
+        ]
+    )
+    assert decoder.build() == []
+    assert decoder.token_mask_host[0] == 0
+    matcher = decoder.grammar_matchers[0]
+    assert matcher is not None and matcher.is_terminated()
+
+
+def test_prior_tokens_go_with_a_generating_request_without_drafts(make_decoder) -> None:
+    decoder = make_decoder("xgrammar", drafts=2)
+    with pytest.raises(ValueError, match="prior_tokens"):
+        decoder.add_batch(
+            [
+                GuidedRequest.generation(
+                    REGEX, request_id=1, seq_slot=0, new_token=5, prior_tokens=[4], draft_tokens=[6]
+                )
+            ]
+        )

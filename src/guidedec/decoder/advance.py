@@ -31,6 +31,8 @@ class MatcherAdvance:
         create: Create a request's matcher in its slot (the decoder's row rules applied).
         forced_next: The one token a closing request's coming row allows, where closing knows
             it before the row is filled (:meth:`BudgetCloser.forced_next`), else None.
+        moved: Tell closing that a slot's matcher moved by more than its row's token
+            (:meth:`BudgetCloser.moved`).
     """
 
     def __init__(
@@ -40,9 +42,10 @@ class MatcherAdvance:
         stats: DecoderStats,
         create: Callable[[GuidedRequest], None],
         forced_next: Callable[[GuidedRequest], int | None],
+        moved: Callable[[int], None],
     ) -> None:
         self.slots, self.buffers, self.stats, self.create = slots, buffers, stats, create
-        self.forced_next = forced_next
+        self.forced_next, self.moved = forced_next, moved
         # Generation-only requests whose matcher init_disagg_gen_requests made (True) or failed
         # to make (False, already reported) for the coming target build.
         self.disagg_init: dict[int, bool] = {}
@@ -68,6 +71,8 @@ class MatcherAdvance:
         token = req.new_token
         if token is None:
             raise RequestError(_NO_TOKEN)
+        if req.prior_tokens and not self._feed_prior(req, matcher):
+            return None  # the grammar ended inside them
         forced = self.forced_next(req) if closes else None
         if fuse and forced is None:
             status = matcher.advance_and_fill(token, self.buffers.bitmask_host, offset)
@@ -79,7 +84,7 @@ class MatcherAdvance:
             if matcher.is_terminated():
                 return None  # accepted a stop token already: see start
             raise RequestError(f"sampled token {token} is rejected by its grammar")
-        slots.num_advanced_tokens[slot] = 1
+        slots.num_advanced_tokens[slot] += 1
         if status == TERMINATED:
             return None
         if forced is not None:
@@ -120,12 +125,27 @@ class MatcherAdvance:
             if req.is_draft:
                 slots.is_draft_terminated[slot] = True
             return None
+        if advance and req.prior_tokens and not self._feed_prior(req, matcher):
+            return None  # the grammar ended inside them
         if advance and not self._accept(req, matcher):
             return None
         slots.num_verifiable_tokens[slot] = 1 + len(drafts)
         if req.is_draft:  # a draft request has no drafts: its advances end here
             slots.num_advanced_draft_tokens[slot] += slots.num_advanced_tokens[slot]
         return None if matcher.is_terminated() else matcher
+
+    def _feed_prior(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
+        """Feed ``prior_tokens`` (counted as advances); False when the grammar has ended at or
+        inside them (what follows is not fed: the output ends there)."""
+        slots, slot = self.slots, req.seq_slot
+        for token in req.prior_tokens:
+            if matcher.is_terminated():
+                return False
+            if not matcher.accept_token(token):
+                raise RequestError(f"token {token} is rejected by its grammar")
+            slots.num_advanced_tokens[slot] += 1
+        self.moved(slot)
+        return not matcher.is_terminated()
 
     def _accept(self, req: GuidedRequest, matcher: GrammarMatcher) -> bool:
         """Feed ``new_token``; False when a draft request's guiding stops here (nothing to roll

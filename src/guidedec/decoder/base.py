@@ -112,7 +112,12 @@ class BaseGuidedDecoder:
         self.rows = RowFiller(buffers, slots, self.timing, self._filler, self.stats, self._fail)
         self.token_checks = TokenChecks(slots.matchers, lambda: self.closer)
         self.advancer = MatcherAdvance(
-            slots, buffers, self.stats, self._create_matcher, lambda r: self.closer.forced_next(r)
+            slots,
+            buffers,
+            self.stats,
+            self._create_matcher,
+            lambda r: self.closer.forced_next(r),
+            lambda slot: self.closer.moved(slot),
         )
 
     def warm_up(self) -> None:

@@ -37,6 +37,10 @@ class GuidedRequest:
         tokens_left: The tokens the request may still emit, the one sampled from this row
             included (``max_tokens`` or the context, whichever ends first), for budget-aware
             closing (see :mod:`guidedec.decoder.closing`); None: no closing.
+        prior_tokens: Tokens the request emitted since its last step before ``new_token``,
+            written already, so not masked: fed to its matcher before ``new_token`` (an engine
+            that appends several tokens in one step, or admits a request again with output it
+            wrote before). Generation only, without drafts.
     """
 
     guided_decoding_params: GuidedDecodingParams | None
@@ -52,6 +56,7 @@ class GuidedRequest:
     draft_tokens: tuple[int, ...] = ()
     num_accepted_draft_tokens: int = 0
     tokens_left: int | None = None
+    prior_tokens: tuple[int, ...] = ()
 
     @classmethod
     def context(
@@ -85,8 +90,10 @@ class GuidedRequest:
         num_accepted_draft_tokens: int = 0,
         is_generation_only_first_iteration: bool = False,
         tokens_left: int | None = None,
+        prior_tokens: Sequence[int] = (),
     ) -> GuidedRequest:
-        """A generating request whose previous step sampled ``new_token``.
+        """A generating request whose previous step sampled ``new_token`` (after
+        ``prior_tokens``, when it emitted several).
 
         ``is_generation_only_first_iteration`` marks a request whose prefill (and first token)
         came from another engine, in its first step here: its matcher is created now.
@@ -101,6 +108,7 @@ class GuidedRequest:
             draft_tokens=tuple(draft_tokens),
             num_accepted_draft_tokens=num_accepted_draft_tokens,
             tokens_left=tokens_left,
+            prior_tokens=tuple(prior_tokens),
         )
 
     def as_draft(self, new_token: int, num_accepted_draft_tokens: int = 0) -> GuidedRequest:
@@ -113,6 +121,7 @@ class GuidedRequest:
             draft_tokens=(),
             num_accepted_draft_tokens=num_accepted_draft_tokens,
             tokens_left=None,
+            prior_tokens=(),
         )
 
     def require_matcher_init(self) -> bool:
@@ -189,6 +198,13 @@ class GuidedRequests:
             if slot in slots and req.guided_decoding_params is not None:
                 raise ValueError(f"request {req.request_id}: seq_slot {slot} used twice")
             slots.add(slot)
+            if req.prior_tokens and (
+                req.is_draft or req.draft_tokens or not req.is_generation_in_progress_state
+            ):
+                raise ValueError(
+                    f"request {req.request_id}: prior_tokens only go with a generating request "
+                    "without drafts"
+                )
 
     def covered_rows(self, num_rows: int | None, max_rows: int) -> int:
         """The rows a copy or apply covers: the batch's, or ``num_rows`` (not fewer, and no more

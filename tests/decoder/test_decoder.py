@@ -363,3 +363,94 @@ def test_prior_tokens_go_with_a_generating_request_without_drafts(make_decoder) 
                 )
             ]
         )
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_an_unchanged_request_gets_the_row_of_its_matchers_state_again(
+    backend: str, make_decoder, tokenizer: TokenizerInfo, make_factory
+) -> None:
+    """A step whose token the engine did not keep: the row is filled again, nothing advances;
+    the next token then goes on from there."""
+    decoder = make_decoder(backend)
+    decoder.add_batch([GuidedRequest.context(SCHEMA, request_id=1, seq_slot=2)])
+    assert decoder.build() == []
+    first = decoder.bitmask_host[0].clone()
+    tokens = tokenizer.encode('{"n": 4')
+    for token in tokens[:-1]:
+        step = GuidedRequest.generation(SCHEMA, request_id=1, seq_slot=2, new_token=token)
+        decoder.add_batch([step])
+        assert decoder.build() == []
+    before = decoder.bitmask_host[0].clone()
+    for _ in range(2):
+        decoder.bitmask_host[0].zero_()
+        decoder.add_batch([GuidedRequest.unchanged(SCHEMA, request_id=1, seq_slot=2)])
+        assert decoder.build() == []
+        assert decoder.num_advanced_tokens[2] == 0 and decoder.token_mask_host[0] == 1
+        assert torch.equal(decoder.bitmask_host[0], before)
+    assert not torch.equal(before, first)
+    decoder.add_batch(
+        [GuidedRequest.generation(SCHEMA, request_id=1, seq_slot=2, new_token=tokens[-1])]
+    )
+    assert decoder.build() == []
+    factory = make_factory(backend)
+    assert torch.equal(
+        decoder.bitmask_host[0], expected_row(factory, SCHEMA, tokens, tokenizer.vocab_size)
+    )
+
+
+def test_an_unchanged_request_carries_no_token(make_decoder) -> None:
+    decoder = make_decoder("xgrammar")
+    with pytest.raises(ValueError, match="refill carries no new_token"):
+        decoder.add_batch(
+            [
+                GuidedRequest(
+                    REGEX, 1, 0, is_generation_in_progress_state=True, new_token=4, refill=True
+                )
+            ]
+        )
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_moving_a_slot_takes_its_grammar_state_along(
+    swap: bool, make_decoder, tokenizer: TokenizerInfo, make_factory
+) -> None:
+    """An engine whose batch index is the slot moves a request: its matcher goes with it (the
+    rows it fills are its own), a swap brings the other back, a one-way move drops it."""
+    decoder = make_decoder("xgrammar")
+    yes = tokenizer.encode("yes")
+    decoder.add_batch(
+        [
+            GuidedRequest.context(REGEX, request_id=0, seq_slot=0),
+            GuidedRequest.context(SCHEMA, request_id=1, seq_slot=1),
+        ]
+    )
+    assert decoder.build() == []
+    regex_matcher, schema_matcher = decoder.grammar_matchers[:2]
+    regex_closing, schema_closing = decoder.closer._slots[:2]
+    decoder.move_slot(0, 1, swap=swap)
+    assert decoder.grammar_matchers[1] is regex_matcher
+    assert decoder.grammar_matchers[0] is (schema_matcher if swap else None)
+    assert decoder.closer._slots[1] is regex_closing
+    assert (decoder.closer._slots[0] is schema_closing) is swap
+    steps = [GuidedRequest.generation(REGEX, request_id=0, seq_slot=1, new_token=yes[0])]
+    decoder.add_batch(steps)
+    assert decoder.build() == []
+    factory = make_factory("xgrammar")
+    expected = expected_row(factory, REGEX, yes[:1], tokenizer.vocab_size)
+    assert torch.equal(decoder.bitmask_host[0], expected)
+    with pytest.raises(ValueError, match="out of range"):
+        decoder.move_slot(0, 4, swap=True)
+
+
+def test_a_backend_error_names_itself_in_the_failure(
+    make_decoder, tokenizer: TokenizerInfo
+) -> None:
+    """A pattern llguidance compiles but cannot lex: the sampled token's rejection says why."""
+    decoder = make_decoder("llguidance")
+    guide = GuidedDecodingParams(json_schema={"type": "string", "pattern": "^a{1000000}$"})
+    decoder.add_batch([GuidedRequest.context(guide, request_id=5, seq_slot=0)])
+    assert decoder.build() == []
+    quote = tokenizer.encode('"')[0]
+    decoder.add_batch([GuidedRequest.generation(guide, request_id=5, seq_slot=0, new_token=quote)])
+    failures = dict(decoder.build())
+    assert "lexer error: too many expressions" in failures[5], failures

@@ -21,8 +21,11 @@ vllm = pytest.importorskip("vllm")
 
 import guidedec  # noqa: E402
 import guidedec.decoder.closing.settings  # noqa: E402
+import guidedec.decoder.fill_timing  # noqa: E402
+import guidedec.integrations.vllm  # noqa: E402
 from guidedec import GuidedDecodingParams, SamplingParams  # noqa: E402
 from guidedec.bitmask import apply_bitmask  # noqa: E402
+from guidedec.decoder.closing import BudgetCloser  # noqa: E402
 from guidedec.engine.model import export_model  # noqa: E402
 from guidedec.grammar.auto import AutoMatcherFactory  # noqa: E402
 from guidedec.integrations.vllm import GuidedLogitsProcessor  # noqa: E402
@@ -253,7 +256,7 @@ def test_an_unknown_engine_option_is_an_error(model_dir: Path) -> None:
         _vllm_config(model_dir, {"fill_mode": "sequential", "backend": "llguidance"}), "cpu", False
     )
     assert processor.factory.config.backend == "llguidance"
-    assert processor._filler.mode == "sequential"
+    assert processor.decoder._filler.mode == "sequential"
     with pytest.raises(ValueError, match="auto_prefers must be one of"):
         GuidedLogitsProcessor(_vllm_config(model_dir, {"auto_prefers": "auto"}), "cpu", False)
     default = GuidedLogitsProcessor(_vllm_config(model_dir, {}), "cpu", False)
@@ -375,10 +378,13 @@ def test_budget_closing_ends_outputs_complete_within_max_tokens(engine: Any) -> 
             jsonschema.validate(json.loads(out.text), OPEN_ENDED)
 
 
-def test_closing_slots_follow_requests_through_moves_and_come_back(model_dir: Path) -> None:
+def test_grammar_state_and_closing_follow_requests_through_moves(model_dir: Path) -> None:
+    """vLLM's batch indices are the decoder's slots: a swap trades two requests' matchers and
+    closing witnesses, a one-way move drops what it overwrites, a removal frees the slot."""
     processor = GuidedLogitsProcessor(
         _vllm_config(model_dir, {"backend": "xgrammar"}), "cpu", False
     )
+    decoder = processor.decoder
     closing = SimpleNamespace(
         extra_args={"guidedec": {"regex": "a+", "close_within_budget": True}}, max_tokens=8
     )
@@ -386,18 +392,25 @@ def test_closing_slots_follow_requests_through_moves_and_come_back(model_dir: Pa
     batch = vllm.v1.sample.logits_processor.BatchUpdate
     swap = vllm.v1.sample.logits_processor.MoveDirectionality.SWAP
     one_way = vllm.v1.sample.logits_processor.MoveDirectionality.UNIDIRECTIONAL
+    logits = torch.zeros(2, 129280)
     processor.update_state(batch(2, [], [(0, closing, [1, 2], []), (1, plain, [1], [])], []))
-    first = processor.rows[0].closing_slot
-    assert first is not None and processor.rows[1].closing_slot is None
-    assert processor.rows[0].budget == 8
+    processor.apply(logits)
+    first, second = decoder.grammar_matchers[:2]
+    assert first is not None and second is not None and first is not second
+    assert processor.rows[0].budget == 8 and processor.rows[1].budget is None
+    witness = decoder.closer._slots[0]
     processor.update_state(batch(2, [], [], [(0, 1, swap)]))
-    assert processor.rows[1].closing_slot == first  # the slot moved with its request
+    processor.apply(logits)
+    assert decoder.grammar_matchers[:2] == [second, first]  # each with its request
+    assert decoder.closer._slots[1] is witness and processor.rows[1].budget == 8
     processor.update_state(batch(2, [], [(0, closing, [1], [])], [(0, 1, one_way)]))
-    # the one-way move replaced the first closing request: its slot is free again
-    assert processor.rows[1].closing_slot != first and 0 not in processor.rows
-    assert first in processor._free_slots
+    # the one-way move replaced the first closing request: its state is gone
+    assert 0 not in processor.rows and decoder.grammar_matchers[0] is None
+    processor.apply(logits)
+    assert decoder.grammar_matchers[1] not in (None, first, second)
+    assert decoder.closer._slots[1] is not witness
     processor.update_state(batch(0, [1], [], []))
-    assert sorted(processor._free_slots) == [0, 1]
+    assert decoder.grammar_matchers[:2] == [None, None] and not processor.rows
 
 
 class _RecordingProcessor(GuidedLogitsProcessor):
@@ -439,6 +452,36 @@ def test_preempted_requests_come_back_with_their_tokens(
         assert out.finish_reason == "stop" and re.fullmatch("[a-z ]{200}", out.text), out
 
 
+def test_a_prompt_prefilled_in_chunks_keeps_its_row_guided(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM asks for the logits of a request whose prompt is still being prefilled in chunks
+    (64 tokens a step here): its row is filled again where its matcher is at each such step
+    (``GuidedRequest.unchanged``), so every output follows its guide from its first token."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the processor in this process
+    refills: list[int] = []
+    snapshot = guidedec.integrations.vllm._Row.snapshot
+
+    def recording(row: Any, index: int) -> Any:
+        request = snapshot(row, index)
+        refills.extend([index] if request.refill else [])
+        return request
+
+    monkeypatch.setattr(guidedec.integrations.vllm._Row, "snapshot", recording)
+    llm = _vllm(
+        model_dir, GuidedLogitsProcessor, max_num_batched_tokens=64, enable_chunked_prefill=True
+    )
+    try:
+        guide = {"regex": "[a-z]{10}"}
+        params = vllm.SamplingParams(max_tokens=20, temperature=0, extra_args={"guidedec": guide})
+        outputs = _texts(llm, ["word " * 150, "Short:"], params)
+    finally:
+        del llm
+    assert refills, "no row was filled again: vLLM prefilled no prompt in chunks"
+    for out in outputs:
+        assert out.finish_reason == "stop" and re.fullmatch("[a-z]{10}", out.text), out
+
+
 UNLEXABLE = {"type": "string", "pattern": "^a{1000000}$"}
 """A pattern llguidance compiles, then refuses to lex at the first token."""
 FAULTY = {
@@ -468,8 +511,14 @@ def faulty_engine(model_dir: Path) -> Iterator[Any]:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Every run makes the same calls: the closing search's time limit is lifted.
         patch.setattr(guidedec.decoder.closing.settings, "SLOW_SEARCH_S", math.inf)
+        # No fill is timed (a slow step would time the next ones' fills, through another call).
+        patch.setattr(guidedec.decoder.fill_timing, "FILL_TIMING_S", math.inf)
         # The faults find their request by its guide as written: objects stay open.
-        options = {"backend": "llguidance", "disable_additional_properties": False}
+        options = {
+            "backend": "llguidance",
+            "disable_additional_properties": False,
+            "mask_time_limit_ms": None,
+        }
         llm = _vllm(model_dir, _FaultyProcessor, additional_config={"guidedec": options})
         yield llm
         del llm
@@ -481,7 +530,8 @@ FAULTY_PROMPTS = ["Answer:", "A tag:", "Another:"]
 
 def _faulty_batch(engine: Any, guide: dict[str, Any]) -> list[Any]:
     for processor in _FaultyProcessor.made:  # closing keeps a guide's witnesses for the next
-        processor._closer = None  # outputs: each run starts without them
+        decoder = processor.decoder  # outputs: each run starts without them
+        decoder.closer = BudgetCloser(decoder.config.tokenizer, decoder.max_num_sequences)
     guides = [HEALTHY_GUIDES[0], guide, HEALTHY_GUIDES[1]]
     return _texts(engine, FAULTY_PROMPTS, [_params(g, 24) for g in guides])
 
@@ -523,8 +573,13 @@ def test_a_backend_failure_at_each_plugin_call_site_ends_its_request_alone(
     assert [baseline[0].token_ids, baseline[2].token_ids] == alone
     sites = sorted(plan.calls)
     reached = {site for _, site in sites}
-    plugin = {f"guidedec.integrations.vllm:{name}" for name in ("_feed", "_fill", "_close")}
-    assert plugin | {"guidedec.decoder.closing.search:witness"} <= reached, reached
+    decoder = {  # the plugin's matchers are its decoder's: created, advanced, filled, closed
+        "guidedec.decoder.advance:start",
+        "guidedec.decoder.advance:running",
+        "guidedec.decoder.rows:fill_request",
+        "guidedec.decoder.base:_close",
+    }
+    assert decoder | {"guidedec.decoder.closing.search:witness"} <= reached, sorted(reached)
     stops = set(faulty_engine.get_tokenizer().all_special_ids)
     for method, site in sites:
         plan.arm(method, site)
@@ -549,7 +604,7 @@ def test_a_dead_end_row_ends_its_request_instead_of_a_row_of_minus_inf(
     alone = _healthy_alone(faulty_engine)
     plan.arm()
     baseline = _faulty_batch(faulty_engine, {"json_schema": FAULTY})[1].token_ids
-    plan.arm("fill_next_token_bitmask", nth=3, dead_end=True)
+    plan.arm("advance_and_fill", nth=2, dead_end=True)  # the third row: the first is a fill
     with caplog.at_level(logging.ERROR, logger="guidedec.integrations.vllm"):
         first, dead, last = _faulty_batch(faulty_engine, {"json_schema": FAULTY})
     assert plan.fired is not None

@@ -70,7 +70,10 @@ class MatcherAdvance:
         slots.num_verifiable_tokens[slot] = 1 + len(drafts)
         token = req.new_token
         if token is None:
-            raise RequestError(_NO_TOKEN)
+            if not req.refill:
+                raise RequestError(_NO_TOKEN)
+            self.moved(slot)  # closing replays its witness from where the matcher is
+            return None if matcher.is_terminated() else (matcher, False)
         if req.prior_tokens and not self._feed_prior(req, matcher):
             return None  # the grammar ended inside them
         forced = self.forced_next(req) if closes else None
@@ -83,7 +86,10 @@ class MatcherAdvance:
         if status == REJECTED:  # a rejection fails the request anyway
             if matcher.is_terminated():
                 return None  # accepted a stop token already: see start
-            raise RequestError(f"sampled token {token} is rejected by its grammar")
+            why = matcher.error()
+            raise RequestError(
+                f"sampled token {token} is rejected by its grammar" + (f" ({why})" if why else "")
+            )
         slots.num_advanced_tokens[slot] += 1
         if status == TERMINATED:
             return None

@@ -333,6 +333,17 @@ class BaseGuidedDecoder:
         self.slots.reset(seq_slot)
         self.closer.forget(seq_slot)
 
+    def move_slot(self, source: int, target: int, *, swap: bool) -> None:
+        """The request at slot ``source`` now holds ``target``, with its grammar state and its
+        closing witness: the two slots trade (``swap``), or ``target`` takes ``source``'s and
+        ``source`` holds no request (whatever ``target`` held is dropped). For an engine whose
+        batch index is the slot (vLLM's persistent batch condenses and reorders it)."""
+        for slot in (source, target):
+            if not 0 <= slot < self.max_num_sequences:
+                raise ValueError(f"seq_slot {slot} out of range")
+        self.slots.move(source, target, swap=swap)
+        self.closer.move(source, target, swap=swap)
+
     def _forget(self, req: GuidedRequest) -> None:
         """Drop a failed request's grammar state; its unverified advances need no rollback."""
         self.release_slot(req.seq_slot)

@@ -41,6 +41,9 @@ class GuidedRequest:
             written already, so not masked: fed to its matcher before ``new_token`` (an engine
             that appends several tokens in one step, or admits a request again with output it
             wrote before). Generation only, without drafts.
+        refill: A generating request that emitted no token since its last step (``new_token``
+            None): its row is filled again from its matcher's state (an engine that asks for
+            the logits of a step whose token it did not keep). See :meth:`unchanged`.
     """
 
     guided_decoding_params: GuidedDecodingParams | None
@@ -57,6 +60,7 @@ class GuidedRequest:
     num_accepted_draft_tokens: int = 0
     tokens_left: int | None = None
     prior_tokens: tuple[int, ...] = ()
+    refill: bool = False
 
     @classmethod
     def context(
@@ -109,6 +113,26 @@ class GuidedRequest:
             num_accepted_draft_tokens=num_accepted_draft_tokens,
             tokens_left=tokens_left,
             prior_tokens=tuple(prior_tokens),
+        )
+
+    @classmethod
+    def unchanged(
+        cls,
+        params: GuidedDecodingParams | None,
+        *,
+        request_id: int,
+        seq_slot: int,
+        tokens_left: int | None = None,
+    ) -> GuidedRequest:
+        """A generating request that emitted no token since its last step: its row is filled
+        again where its matcher is."""
+        return cls(
+            params,
+            request_id,
+            seq_slot,
+            is_generation_in_progress_state=True,
+            tokens_left=tokens_left,
+            refill=True,
         )
 
     def as_draft(self, new_token: int, num_accepted_draft_tokens: int = 0) -> GuidedRequest:
@@ -204,6 +228,10 @@ class GuidedRequests:
                 raise ValueError(
                     f"request {req.request_id}: prior_tokens only go with a generating request "
                     "without drafts"
+                )
+            if req.refill and (req.new_token is not None or req.draft_tokens or req.is_draft):
+                raise ValueError(
+                    f"request {req.request_id}: a refill carries no new_token and no drafts"
                 )
 
     def covered_rows(self, num_rows: int | None, max_rows: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from guidedec.grammar.matcher import GrammarMatcher
 
@@ -59,6 +60,24 @@ class SlotState:
         self.is_draft_terminated[slot] = False
         self.slow_fills[slot] = 0
         self.fill_s[slot] = 0.0
+
+    def move(self, source: int, target: int, *, swap: bool) -> None:
+        """The request at ``source`` now holds ``target``: the two slots trade their state
+        (``swap``), or ``target`` takes ``source``'s and ``source`` holds no request."""
+        fields: tuple[list[Any], ...] = (
+            self.matchers,
+            self.num_advanced_tokens,
+            self.num_guided_tokens,
+            self.num_advanced_draft_tokens,
+            self.is_draft_terminated,
+            self.num_verifiable_tokens,
+            self.slow_fills,
+            self.fill_s,
+        )
+        for values in fields:
+            values[source], values[target] = values[target], values[source]
+        if not swap:
+            self.reset(source)
 
     def start(self, slot: int, matcher: GrammarMatcher) -> None:
         """A new request's matcher in the slot (its first fill is not held against it)."""

@@ -173,11 +173,19 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._check_error()
         return tokens[: _first_stop(tokens, self._stop_token_ids)]
 
+    def error(self) -> str | None:
+        if not self._matcher.is_error():
+            return None
+        # The first line names the error; llguidance dumps its state and grammar after it.
+        return (
+            "llguidance matcher error: "
+            + self._matcher.get_error().split("\n<state>", 1)[0].strip()
+        )
+
     def _check_error(self) -> None:
-        if self._matcher.is_error():
-            # The first line names the error; llguidance dumps its state and grammar after it.
-            error = self._matcher.get_error().split("\n<state>", 1)[0].strip()
-            raise MatcherError(f"llguidance matcher error: {error}")
+        error = self.error()
+        if error is not None:
+            raise MatcherError(error)
 
     parallel_fill = True
 

@@ -59,6 +59,11 @@ class GrammarMatcher(ABC):
         self.fill_next_token_bitmask(bitmask, index)
         return FILLED
 
+    def error(self) -> str | None:
+        """What the backend says went wrong after a rejected :meth:`advance` (a parse or lexer
+        error), for the request's failure message; None where it says nothing."""
+        return None
+
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one)."""
@@ -154,6 +159,9 @@ class WrappedMatcher(GrammarMatcher):
 
     def rollback(self, num_tokens: int) -> None:
         self.inner.rollback(num_tokens)
+
+    def error(self) -> str | None:
+        return self.inner.error()
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         self.inner.fill_next_token_bitmask(bitmask, index)

@@ -14,21 +14,27 @@ with the guide in the request's ``vllm_xargs`` (``extra_body={"vllm_xargs": {"gu
 ``choice``, ``structural_tag``, ``json_object``; a JSON string where vLLM's transport wants
 strings). Engine-wide options come from vLLM's ``additional_config={"guidedec": {"backend":
 "auto", "auto_prefers": "xgrammar", "json_whitespace": "flexible", "fill_mode": "auto",
-"fill_threads": None, "out_of_place": True, "disable_additional_properties": True}}``
+"fill_threads": None, "out_of_place": True, "disable_additional_properties": True,
+"mask_time_limit_ms": 20.0}}``
 (``--additional-config`` on ``vllm serve``; those are the defaults, and an unknown option is an
 error). ``disable_additional_properties`` closes each JSON-schema object that names its
 properties to others, as guidedec's engine does by default and vLLM's own xgrammar guides do
 (:mod:`guidedec.grammar.closed_objects`). ``auto_prefers: "llguidance"`` gives JSON
 guides the backend guidedec's own engine tries first (it jumps forward; vLLM does not).
 
-**The step.** vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each forward, with
-the batch's changes (requests removed, added with a live reference to their output tokens,
-moved). The processor feeds each guided request's matcher the tokens vLLM appended since, and
-starts filling the step's mask rows on a worker thread, so the build overlaps the forward, as
-in guidedec's engine; :meth:`GuidedLogitsProcessor.apply` waits for it and masks the logits.
-On the CPU it returns them masked in a buffer of its own (:class:`guidedec.bitmask.MaskBuffer`),
-which stays -inf between steps, so that a row allowing a handful of tokens costs those tokens
-instead of a -inf fill of the whole vocabulary. It masks them in place instead
+**The step.** The processor runs guidedec's own decoder
+(:class:`guidedec.decoder.base.BaseGuidedDecoder`), with vLLM's batch indices as its sequence
+slots: a move in vLLM's persistent batch is a slot move (:meth:`~BaseGuidedDecoder.move_slot`),
+a removal frees the slot. vLLM calls :meth:`GuidedLogitsProcessor.update_state` before each
+forward, with the batch's changes (requests removed, added with a live reference to their
+output tokens, moved); the processor hands the decoder one snapshot per batch index (a
+:class:`~guidedec.decoder.request.GuidedRequest`: a new request's first step, the tokens vLLM
+appended since, or none where a prompt is still being prefilled in chunks) and starts the
+decoder's build on a worker thread, so that it overlaps the forward, as in guidedec's engine;
+:meth:`GuidedLogitsProcessor.apply` waits for it and masks the logits. On the CPU it returns
+them masked in a buffer of its own (:class:`guidedec.bitmask.MaskBuffer`), which stays -inf
+between steps, so that a row allowing a handful of tokens costs those tokens instead of a -inf
+fill of the whole vocabulary. It masks them in place instead
 (:func:`guidedec.bitmask.apply_bitmask`) where that writes less (most rows nearly all allowed),
 on a GPU, with ``"out_of_place": False``, with a ``logprobs_mode`` of ``processed_*`` (vLLM
 would return the buffer itself), and once a request sets ``thinking_token_budget`` (vLLM's
@@ -40,9 +46,11 @@ before it queues it, compiles the guide (with guidedec's bundled tokenizer: a gu
 does not depend on the model's) and raises ``ValueError`` naming the problem, which vLLM's
 server answers with HTTP 400. Whatever fails later for one request (its guide for the model's
 own tokenizer, a token its matcher refuses, any backend call while its tokens are fed, its row
-filled or closed, a filled row that allows no token: a dead end) leaves that request only its
-stop tokens: it ends at its next token, the failure is logged with its batch index, and vLLM
-serves the rest of the batch. Nothing a request's guide does reaches vLLM's engine.
+filled or closed, a filled row that allows no token: a dead end, masks slower than
+``mask_time_limit_ms`` three times in a row) leaves that request only its stop tokens: it ends
+at its next token, the failure is logged with its batch index, and vLLM serves the rest of the
+batch. Nothing a request's guide does reaches vLLM's engine. ``"mask_time_limit_ms"`` (20 by
+default, as in guidedec's engine; ``None``: no limit) is an engine option.
 
 **Row rules.** Each matcher carries its request's row rules (:mod:`guidedec.decoder.row_rules`),
 as in guidedec's engine: the root-type repair of xgrammar's JSON schemas, and with closing the
@@ -56,7 +64,7 @@ allows only its next token, so the output ends complete. vLLM samples after the 
 the check that guidedec's engine makes of each sampled token (drawn again when no completion
 fits after it) cannot run here: a token sampled with little room left that commits the output
 to a longer completion (a further array item) can still leave it ``length``. Each
-request's slot in the closer is its own, kept while vLLM moves it in the batch.
+request's witness moves with it in the batch.
 """
 
 from __future__ import annotations
@@ -72,23 +80,13 @@ import torch
 import transformers
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from guidedec.bitmask import (
-    HostRowChecker,
-    MaskBuffer,
-    allocate_bitmask,
-    apply_bitmask,
-    token_word,
-)
-from guidedec.decoder.closing import BudgetCloser
-from guidedec.decoder.errors import DEAD_END, RequestError
+from guidedec.bitmask import MaskBuffer, allocate_bitmask, apply_bitmask, token_word
+from guidedec.decoder.base import BaseGuidedDecoder
 from guidedec.decoder.request import GuidedRequest
-from guidedec.decoder.row_rules import RowRules
-from guidedec.errors import REQUEST_ERRORS, GuidedecError
-from guidedec.grammar.batch_fill import BatchFiller
+from guidedec.errors import GuidedecError
 from guidedec.grammar.closed_objects import closed_guide
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
-from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.integrations.vllm_options import (
     ENGINE_OPTIONS,
@@ -106,14 +104,47 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _Row:
-    """One guided request in vLLM's persistent batch."""
+    """One guided request in vLLM's persistent batch; its batch index is its decoder slot."""
 
     guide: GuidedDecodingParams
     output: list[int]  # vLLM's own list of the request's output tokens, which it appends to
-    matcher: GrammarMatcher | None  # None: its guide failed; only stop tokens are left
-    fed: int = 0  # of ``output``, the tokens the matcher has accepted
-    closing_slot: int | None = None  # its slot in the processor's BudgetCloser, when it closes
-    budget: int | None = None  # tokens it may emit in all: max_tokens, or what the context holds
+    budget: int | None  # closing: the tokens it may emit in all (max_tokens, or the context)
+    started: bool = False  # the decoder has its matcher
+    fed: int = 0  # of ``output``, the tokens its matcher has taken
+    ended: bool = False  # it failed: only stop tokens are left
+
+    def snapshot(self, index: int) -> GuidedRequest:
+        """The request as the decoder's build reads it this step (see the module docs)."""
+        left = None if self.budget is None else self.budget - len(self.output)
+        new = self.output[self.fed :]
+        self.fed = len(self.output)
+        if not self.started:
+            self.started = True
+            if not new:
+                return GuidedRequest.context(
+                    self.guide, request_id=index, seq_slot=index, tokens_left=left
+                )
+            return GuidedRequest.generation(  # added again with the tokens it had
+                self.guide,
+                request_id=index,
+                seq_slot=index,
+                new_token=new[-1],
+                prior_tokens=new[:-1],
+                is_generation_only_first_iteration=True,
+                tokens_left=left,
+            )
+        if not new:
+            return GuidedRequest.unchanged(
+                self.guide, request_id=index, seq_slot=index, tokens_left=left
+            )
+        return GuidedRequest.generation(
+            self.guide,
+            request_id=index,
+            seq_slot=index,
+            new_token=new[-1],
+            prior_tokens=new[:-1],
+            tokens_left=left,
+        )
 
 
 class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is optional
@@ -151,42 +182,33 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             json_whitespace=options.get("json_whitespace", "flexible"),
             fill_mode=options.get("fill_mode", "auto"),
             fill_threads=options.get("fill_threads"),
+            mask_time_limit_ms=options.get("mask_time_limit_ms", 20.0),
         )
         self.factory = create_grammar_matcher_factory(config)
         # The backends' views of the tokenizer now, at engine start: not inside a step, where a
         # first Lark guide would build llguidance's with the GIL held.
         self.factory.warm_up()
-        self.rules = RowRules(self.tokenizer)
-        self.rules.warm_up()
-        # The batch's rows in one call of the backend's own threads where that measures faster.
-        self._filler = BatchFiller(config.fill_mode, config.fill_threads)
+        # guidedec's decoder, with vLLM's batch indices as its slots: every row rule and check
+        # of guidedec's engine (closing's margin, since vLLM samples after the processor).
+        self.decoder = BaseGuidedDecoder(
+            config=config,
+            factory=self.factory,
+            max_num_sequences=int(vllm_config.scheduler_config.max_num_seqs),
+        )
+        self.decoder.rules.warm_up()  # closing's tables wait for a first request that closes
+        self.bitmask = self.decoder.bitmask_host  # the step's rows, by batch index
         self.rows: dict[int, _Row] = {}
-        self.bitmask = allocate_bitmask(vllm_config.scheduler_config.max_num_seqs, self.vocab_size)
-        self._row_is_valid = HostRowChecker(self.bitmask, self.vocab_size)
         self._stops_only = allocate_bitmask(1, self.vocab_size).zero_()  # allocated all allowed
         for token in self.tokenizer.stop_token_ids:
             self._stops_only[0, token >> 5] |= token_word(token)
+        self._stops_words = self._stops_only.numpy()[0]
         processed = str(getattr(model, "logprobs_mode", "")).startswith("processed")
-        out_of_place = options.get("out_of_place", True)
-        if not isinstance(out_of_place, bool):
-            raise ValueError(
-                f"additional_config[{EXTRA_KEY!r}].out_of_place must be true or false, "
-                f"got {out_of_place!r}"
-            )
-        out_of_place = out_of_place and not processed
-        self.close_objects = options.get("disable_additional_properties", True)
-        if not isinstance(self.close_objects, bool):
-            raise ValueError(
-                f"additional_config[{EXTRA_KEY!r}].disable_additional_properties must be true "
-                f"or false, got {self.close_objects!r}"
-            )
-        self.mask_buffer: MaskBuffer | None = MaskBuffer() if out_of_place else None
+        out_of_place = _flag(options, "out_of_place")
+        self.close_objects = _flag(options, "disable_additional_properties")
+        self.mask_buffer = MaskBuffer() if out_of_place and not processed else None
         self.max_model_len = int(getattr(model, "max_model_len", 0) or 0)
-        self._num_slots = int(vllm_config.scheduler_config.max_num_seqs)
-        self._closer: BudgetCloser | None = None  # built by the first request that closes
-        self._free_slots = list(range(self._num_slots - 1, -1, -1))
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="guidedec-vllm-build")
-        self._pending: Future[list[int]] | None = None
+        self._pending: Future[int] | None = None
 
     def is_argmax_invariant(self) -> bool:
         return False  # the mask changes the argmax
@@ -198,17 +220,18 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         if batch_update is not None:
             self._update_rows(batch_update)
         if self.rows:
-            self._pending = self._builder.submit(self._fill)
+            self._pending = self._builder.submit(self._build)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         pending, self._pending = self._pending, None
-        filled = pending.result() if pending is not None else (self._fill() if self.rows else [])
-        rows = [i for i in filled if i < logits.shape[0]]
+        built = pending.result() if pending is not None else (self._build() if self.rows else 0)
+        num_rows = min(built, logits.shape[0])
+        token_mask = torch.zeros(logits.shape[0], dtype=torch.int32)
+        token_mask[:num_rows] = self.decoder.token_mask_host[:num_rows]
+        rows = token_mask.nonzero().flatten().tolist()
         if not rows:
             return logits
-        token_mask = torch.zeros(logits.shape[0], dtype=torch.int32)
-        token_mask[rows] = 1
-        bitmask = self.bitmask[: logits.shape[0]]
+        bitmask = self.decoder.bitmask_host[: logits.shape[0]]
         if self.mask_buffer is not None and logits.device.type == "cpu":
             masked = self.mask_buffer.apply(logits, bitmask, token_mask)
         else:
@@ -247,31 +270,28 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
     # --- the batch ---------------------------------------------------------------------------
 
     def _update_rows(self, update: BatchUpdate) -> None:
+        decoder = self.decoder
         for index in update.removed:
-            self._drop(self.rows.pop(index, None))
+            self._drop(index)
         for index, params, prompt, output in update.added:
             if getattr(params, "thinking_token_budget", None) is not None:
                 self.mask_buffer = None  # see the module docs: mask in place from now on
-            self._drop(self.rows.pop(index, None))  # an added request may replace another
+            self._drop(index)  # an added request may replace another
             guide, closing = request_options(params)
             if guide is None:
                 continue
             if self.close_objects:
                 guide = closed_guide(guide)
-            row = _Row(guide, output, self._matcher(guide, closing))
-            if closing and self._free_slots:
-                row.closing_slot = self._free_slots.pop()
-                row.budget = self._budget(params, len(prompt or ()))
-            self.rows[index] = row
+            budget = self._budget(params, len(prompt or ())) if closing else None
+            self.rows[index] = _Row(guide, output, budget)
         for a, b, direction in update.moved:
+            swap = direction is MoveDirectionality.SWAP
             row_a, row_b = self.rows.pop(a, None), self.rows.pop(b, None)
             if row_a is not None:
                 self.rows[b] = row_a
-            if direction is MoveDirectionality.SWAP:
-                if row_b is not None:
-                    self.rows[a] = row_b
-            else:
-                self._drop(row_b)  # a one-way move replaces what was at b
+            if swap and row_b is not None:
+                self.rows[a] = row_b
+            decoder.move_slot(a, b, swap=swap)  # a one-way move drops what was at b
 
     def _budget(self, params: Any, prompt_len: int) -> int | None:
         """The tokens a request may emit in all: ``max_tokens``, or what the context holds."""
@@ -280,101 +300,44 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
             limits.append(self.max_model_len - prompt_len)
         return min(limits) if limits else None
 
-    def _drop(self, row: _Row | None) -> None:
-        """A row leaves the batch: its closing slot is free again."""
-        if row is not None and row.closing_slot is not None:
-            if self._closer is not None:
-                self._closer.forget(row.closing_slot)
-            self._free_slots.append(row.closing_slot)
-            row.closing_slot = None
+    def _drop(self, index: int) -> None:
+        """The request at ``index`` leaves the batch: its grammar state goes."""
+        if self.rows.pop(index, None) is not None:
+            self.decoder.release_slot(index)
 
-    def _matcher(self, guide: GuidedDecodingParams, closing: bool) -> GrammarMatcher | None:
-        try:
-            return self.rules.wrap(self.factory.create(guide), guide, closing=closing)
-        except REQUEST_ERRORS as exc:
-            logger.error("guidedec: a guide failed to compile; its request ends now: %s", exc)
-            return None
+    def _build(self) -> int:
+        """The decoder's build of this step's rows, one snapshot per batch index (an unguided
+        one where no guided request is); the number of rows it covers. A request that fails
+        (its guide for the model's tokenizer, a token its matcher refuses, a backend call, a
+        dead end) ends, alone: its row and those of ended and finished guides allow only the
+        stop tokens."""
+        rows = self.rows
+        size = max(rows) + 1 if rows else 0
+        batch = []
+        for index in range(size):
+            row = rows.get(index)
+            if row is None or row.ended:
+                batch.append(GuidedRequest(None, request_id=index, seq_slot=index))
+            else:
+                batch.append(row.snapshot(index))
+        decoder = self.decoder
+        decoder.add_batch(batch)
+        for index, message in decoder.build():
+            logger.error("guidedec: the request at batch index %d ends: %s", index, message)
+            rows[index].ended = True
+        bitmask, token_mask = decoder.buffers.words, decoder.buffers.token_mask_np
+        for index in rows:
+            if not token_mask[index]:  # its guide has ended or failed: stop tokens only
+                bitmask[index] = self._stops_words
+                token_mask[index] = 1
+        return size
 
-    def _fill(self) -> list[int]:
-        """Feed each row's new tokens to its matcher and fill the mask rows, all in one batch
-        fill, each checked for a dead end; the rows filled. A request whose backend call fails
-        (or whose row is a dead end) ends (:meth:`_end`), alone."""
-        matchers: list[GrammarMatcher] = []
-        indices: list[int] = []
-        closing: list[tuple[int, GuidedRequest]] = []
-        for index, row in self.rows.items():
-            new = row.output[row.fed :]
-            try:
-                live = self._feed(row, new)
-            except REQUEST_ERRORS as exc:
-                self._end(index, row, f"feeding its tokens failed: {exc}")
-                continue
-            if not live:
-                self.bitmask[index] = self._stops_only[0]
-                continue
-            assert row.matcher is not None
-            matchers.append(row.matcher)
-            indices.append(index)
-            if row.closing_slot is not None and row.budget is not None:
-                closing.append((index, self._closing_request(row, new)))
-        errors = self._filler.fill(matchers, self.bitmask, indices)
-        for index, error in zip(indices, errors, strict=True):
-            if error is not None:
-                self._end(index, self.rows[index], f"its mask fill failed: {error}")
-            elif not self._row_is_valid(index):
-                self._end(index, self.rows[index], DEAD_END)
-        self._close(closing)
-        return list(self.rows)
 
-    def _feed(self, row: _Row, new: list[int]) -> bool:
-        """Feed the row's new tokens to its matcher; whether its row is to be filled (False:
-        it has no matcher or is terminated). Raises one of ``REQUEST_ERRORS`` (a token its
-        guide refuses, a failed backend call)."""
-        matcher = row.matcher
-        if matcher is None:
-            return False
-        for token in new:
-            if matcher.is_terminated():
-                break
-            if not matcher.accept_token(token):
-                raise RequestError(f"token {token} is rejected by its guide")
-        row.fed = len(row.output)
-        return not matcher.is_terminated()
-
-    def _end(self, index: int, row: _Row, why: str) -> None:
-        """End the request at ``index``: only its stop tokens from now on, its failure logged."""
-        logger.error("guidedec: the request at batch index %d ends: %s", index, why)
-        row.matcher = None
-        self.bitmask[index] = self._stops_only[0]
-
-    def _closing_request(self, row: _Row, new: list[int]) -> GuidedRequest:
-        """What the closer reads of a closing row this step; a row whose matcher took more than
-        one token since the last step (a preempted request back) has its witness replayed."""
-        assert row.closing_slot is not None and row.budget is not None
-        closer = self._closer
-        if closer is None:
-            closer = self._closer = BudgetCloser(self.tokenizer, self._num_slots)
-        if len(new) > 1:
-            closer.moved(row.closing_slot)
-        return GuidedRequest(
-            row.guide,
-            request_id=row.closing_slot,
-            seq_slot=row.closing_slot,
-            new_token=new[-1] if len(new) == 1 else None,
-            tokens_left=row.budget - len(row.output),
+def _flag(options: Mapping[str, Any], name: str) -> bool:
+    """A true/false engine option (default true)."""
+    value = options.get(name, True)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"additional_config[{EXTRA_KEY!r}].{name} must be true or false, got {value!r}"
         )
-
-    def _close(self, closing: list[tuple[int, GuidedRequest]]) -> None:
-        """Budget-aware closing of the filled rows that ask for it (see the module docs); a
-        backend call that fails in it ends the request."""
-        words = self.bitmask.numpy()
-        for index, req in closing:
-            row = self.rows[index]
-            if row.matcher is None or self._closer is None:
-                continue
-            try:
-                if not row.matcher.is_terminated():
-                    self._closer.close(req, row.matcher, words[index])
-            except REQUEST_ERRORS as exc:
-                self._closer.forget(req.seq_slot)
-                self._end(index, row, f"budget-aware closing failed: {exc}")
+    return value

@@ -75,5 +75,6 @@ ENGINE_OPTIONS = (
     "fill_threads",
     "out_of_place",
     "disable_additional_properties",
+    "mask_time_limit_ms",
 )
 """The keys of ``additional_config["guidedec"]`` (:class:`~guidedec.GuidedDecodingConfig`'s)."""

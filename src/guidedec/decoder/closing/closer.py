@@ -132,6 +132,14 @@ class BudgetCloser:
         """The slot's request ended or its matcher was created anew."""
         self._slots[slot] = _SlotState()
 
+    def move(self, source: int, target: int, *, swap: bool) -> None:
+        """The request at slot ``source`` now holds ``target`` (see
+        :meth:`~guidedec.decoder.slots.SlotState.move`): its witness goes with it."""
+        slots = self._slots
+        slots[source], slots[target] = slots[target], slots[source]
+        if not swap:
+            slots[source] = _SlotState()
+
     def moved(self, slot: int) -> None:
         """The slot's matcher moved by more than its row's token (verified drafts, a rollback of
         rejected ones): its witness is replayed against the new state before any use, and what
@@ -170,7 +178,7 @@ class BudgetCloser:
                 return
             params = req.guided_decoding_params
             assert params is not None
-            start = req.new_token is None  # the guide's initial state (the context step)
+            start = req.new_token is None and not req.refill  # the guide's initial state
             memo = self.witnesses.memo(params)
             if start and memo.start_no_fit >= left:
                 witness = None  # this guide's start had no completion within as many tokens

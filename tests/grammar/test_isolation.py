@@ -60,10 +60,9 @@ def _factory(backend: str, isolation: CompileIsolation) -> Any:
     config = GuidedDecodingConfig(
         backend=backend,  # type: ignore[arg-type]
         tokenizer=TokenizerInfo.default(),
-        isolation=isolation,
         limits=LOOSE,
     )
-    return create_grammar_matcher_factory(config)
+    return create_grammar_matcher_factory(config, isolation=isolation)
 
 
 @pytest.mark.parametrize(
@@ -176,9 +175,10 @@ def test_a_script_without_a_main_guard(tmp_path: Any) -> None:
 
             print("top level ran")
             iso = CompileIsolation(timeout_s=30)
-            config = GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), isolation=iso)
-            create_grammar_matcher_factory(config).create(GuidedDecodingParams(regex="[ab]+"))
-            iso.close()
+            config = GuidedDecodingConfig(tokenizer=TokenizerInfo.default())
+            factory = create_grammar_matcher_factory(config, isolation=iso)
+            factory.create(GuidedDecodingParams(regex="[ab]+"))
+            factory.close()
             print("compiled")
             """
         )
@@ -243,7 +243,7 @@ def test_the_fork_server_builds_the_default_tokenizer_only_for_engines_on_it(
 def test_a_worker_probes_with_the_engine_s_own_tokenizer() -> None:
     own = TokenizerInfo.from_huggingface(TokenizerInfo.default().hf_tokenizer, vocab_size=129_312)
     iso = CompileIsolation(timeout_s=60.0)
-    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=own, isolation=iso)
+    config = GuidedDecodingConfig(backend="xgrammar", tokenizer=own)
     try:
         report = iso.probe("xgrammar", GuidedDecodingParams(regex="[0-9]{3}"), config)
         assert report.seconds >= 0

@@ -25,7 +25,6 @@ import numpy as np
 import numpy.typing as npt
 
 from guidedec.bitmask.layout import BITS_PER_WORD
-from guidedec.decoder.closing import ClosingVocab
 from guidedec.grammar.auto_policy import XGRAMMAR
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import json_type
@@ -140,7 +139,7 @@ class RootTypes:
     def texts(self) -> tuple[str, ...]:
         """Each token's text (the decoded vocabulary closing reads too)."""
         if not self._texts:
-            self._texts = ClosingVocab.of(self._tokenizer).texts
+            self._texts = self._tokenizer.token_texts()
         return self._texts
 
     def _first_chars(self) -> FirstCharRows:

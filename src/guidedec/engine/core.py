@@ -61,7 +61,7 @@ from guidedec.engine.steering import SampledChecks, ValueSteering
 from guidedec.engine.validation import OutputValidator
 from guidedec.engine.verification import verify_greedy_tokens, verify_rejection
 from guidedec.grammar.closed_objects import closed_guide
-from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.config import CompileProbe, GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
 
@@ -87,13 +87,14 @@ class EngineCore:
         overlap: bool = True,
         cuda_graphs: bool = False,
         reasoning: ReasoningParser | None = None,
+        isolation: CompileProbe | None = None,
     ) -> None:
         self.model, self.config = model, config
         self.reasoning = reasoning
         self.tokenizer = model.tokenizer
         self.max_model_len = model.max_model_len
         self.num_draft_tokens, self.max_num_tokens = num_draft_tokens, max_num_tokens
-        self.factory = create_grammar_matcher_factory(config)
+        self.factory = create_grammar_matcher_factory(config, isolation=isolation)
         self.cuda_graphs = cuda_graphs
         self.graphs: DecodeGraphs | None = None
         runner = BatchedModelRunner(model, max_num_seqs=max_num_seqs, static=cuda_graphs)
@@ -369,8 +370,7 @@ class EngineCore:
         compile workers."""
         self.forward.close()
         self.grammars.shutdown()
-        if self.config.isolation is not None:
-            self.config.isolation.close()
+        self.factory.close()
 
 
 def _engine_decoder(

@@ -151,12 +151,12 @@ class LLM(EngineCore):
             approximate=approximate,
             auto_prefers=auto_prefers,  # the same with or without jump-forward
             fill_mode=fill_mode,
-            isolation=_compile_isolation(isolate_compiles, compile_timeout_s),
             limits=guide_limits or GuideLimits(),
             mask_time_limit_ms=mask_time_limit_ms,
             compile_cache_dir=None if compile_cache_dir is None else os.fspath(compile_cache_dir),
         )
-        with _starting(config):
+        isolation = _compile_isolation(isolate_compiles, compile_timeout_s)
+        with _starting(isolation, config):
             super().__init__(
                 loaded,
                 config,
@@ -168,6 +168,7 @@ class LLM(EngineCore):
                 overlap=overlap,
                 cuda_graphs=cuda_graphs,
                 reasoning=_reasoning(reasoning_parser, loaded.tokenizer),
+                isolation=isolation,
             )
         self._params: dict[int, SamplingParams] = {}  # of prefill-only requests
         self.disable_additional_properties = disable_additional_properties
@@ -310,13 +311,12 @@ def _compile_isolation(isolate: bool, timeout_s: float) -> CompileIsolation | No
 
 
 @contextlib.contextmanager
-def _starting(config: GuidedDecodingConfig) -> Iterator[None]:
+def _starting(isolation: CompileIsolation | None, config: GuidedDecodingConfig) -> Iterator[None]:
     """Start the compile workers (the first engine of a process: a fork server, seconds) while
     the body builds the engine, and wait for them after it, so that no request's compile
     timeout runs during their start."""
-    isolation = config.isolation
     thread = None
-    if isinstance(isolation, CompileIsolation):
+    if isolation is not None:
         thread = isolation.start_in_background(config)
     yield
     if thread is not None:

@@ -33,7 +33,7 @@ from guidedec.grammar.auto_policy import (
     xgrammar_too_costly,
 )
 from guidedec.grammar.cache import guide_cache_key
-from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.config import CompileProbe, GuidedDecodingConfig
 from guidedec.grammar.matcher import CompiledGuide, GrammarMatcher, GrammarMatcherFactory
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 
@@ -60,8 +60,10 @@ class AutoMatcherFactory(GrammarMatcherFactory):
 
     backend = "auto"
 
-    def __init__(self, config: GuidedDecodingConfig) -> None:
-        self.config = config
+    def __init__(
+        self, config: GuidedDecodingConfig, *, isolation: CompileProbe | None = None
+    ) -> None:
+        self.config, self.isolation = config, isolation
         self._factories: dict[str, GrammarMatcherFactory] = {}
         self._chosen: OrderedDict[Hashable, str] = OrderedDict()
         self._lock = threading.Lock()
@@ -70,7 +72,9 @@ class AutoMatcherFactory(GrammarMatcherFactory):
         """The backend factory ``name`` (built once)."""
         with self._lock:
             if name not in self._factories:
-                self._factories[name] = build_backend_factory(name, self.config)
+                self._factories[name] = build_backend_factory(
+                    name, self.config, isolation=self.isolation
+                )
             return self._factories[name]
 
     def warm_up(self) -> None:
@@ -144,13 +148,19 @@ class AutoMatcherFactory(GrammarMatcherFactory):
                 self._chosen.popitem(last=False)
 
 
-def build_backend_factory(name: str, config: GuidedDecodingConfig) -> GrammarMatcherFactory:
+def build_backend_factory(
+    name: str, config: GuidedDecodingConfig, *, isolation: CompileProbe | None = None
+) -> GrammarMatcherFactory:
+    """The factory of backend ``name``, compiling new guides in ``isolation`` first (if any)."""
     if name == XGRAMMAR:
         from guidedec.grammar.xgrammar_backend import XGrammarMatcherFactory
 
-        return XGrammarMatcherFactory(config)
-    if name == LLGUIDANCE:
+        factory: GrammarMatcherFactory = XGrammarMatcherFactory(config)
+    elif name == LLGUIDANCE:
         from guidedec.grammar.llguidance_backend import LLGuidanceMatcherFactory
 
-        return LLGuidanceMatcherFactory(config)
-    raise GrammarError(f"unknown guided decoding backend {name!r}")
+        factory = LLGuidanceMatcherFactory(config)
+    else:
+        raise GrammarError(f"unknown guided decoding backend {name!r}")
+    factory.isolation = isolation
+    return factory

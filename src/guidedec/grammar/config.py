@@ -27,8 +27,9 @@ class ProbedGuide(Protocol):
 
 
 class CompileProbe(Protocol):
-    """What the backends and the engine ask of compile isolation
-    (:class:`guidedec.grammar.isolation.CompileIsolation`)."""
+    """What the backends ask of compile isolation
+    (:class:`guidedec.grammar.isolation.CompileIsolation`), which their factory holds (see
+    :func:`guidedec.create_grammar_matcher_factory`)."""
 
     def probe(
         self, backend: str, params: GuidedDecodingParams, config: GuidedDecodingConfig
@@ -72,9 +73,6 @@ class GuidedDecodingConfig:
             ``"sequential"`` force one way. The masks are the same either way.
         fill_threads: Threads of a parallel fill (default: the CPUs this process may use, at
             most 16; 1 means sequential).
-        isolation: Compile each new guide first in a worker process, where a backend crash or
-            hang fails that guide alone (see :mod:`guidedec.grammar.isolation`); None (the
-            default here; ``LLM`` and the server turn it on) compiles in this process only.
         limits: Limits on a guide's size and shape, checked before any backend sees it (see
             :mod:`guidedec.grammar.limits` for the defaults and why).
         compile_cache_dir: A directory where xgrammar's compiled grammars are kept across
@@ -102,7 +100,6 @@ class GuidedDecodingConfig:
     auto_prefers: ExactBackendName = "xgrammar"
     fill_mode: FillMode = "auto"
     fill_threads: int | None = None
-    isolation: CompileProbe | None = field(default=None, compare=False)
     limits: GuideLimits = field(default_factory=GuideLimits)
     mask_time_limit_ms: float | None = 20.0
     compile_cache_dir: str | None = None

@@ -301,11 +301,11 @@ def _exit(code: int | None) -> str:
 
 
 def _options(config: GuidedDecodingConfig) -> GuidedDecodingConfig:
-    """What a worker needs of ``config``: all but the tokenizer (the worker has it), the
-    isolation and the limits (checked by the caller before it probes)."""
+    """What a worker needs of ``config``: all but the tokenizer (the worker has it) and the
+    limits (checked by the caller before it probes)."""
     from guidedec.grammar.limits import UNLIMITED
 
-    return replace(config, tokenizer=None, isolation=None, limits=UNLIMITED)  # type: ignore[arg-type]
+    return replace(config, tokenizer=None, limits=UNLIMITED)  # type: ignore[arg-type]
 
 
 def _worker_main(conn: Connection, settings: _Settings) -> None:

@@ -330,8 +330,8 @@ class LLGuidanceMatcherFactory(GrammarMatcherFactory):
     def _compile(self, params: GuidedDecodingParams) -> _Template:
         self.config.limits.check(params)
         held = None
-        if self.config.isolation is not None:
-            held = self.config.isolation.probe(BACKEND, params, self.config).heap_bytes
+        if self.isolation is not None:
+            held = self.isolation.probe(BACKEND, params, self.config).heap_bytes
         grammar = self.grammar_text(params)
         matcher = llg.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from guidedec.errors import REQUEST_ERRORS
-from guidedec.grammar.config import GuidedDecodingConfig
+from guidedec.grammar.config import CompileProbe, GuidedDecodingConfig
 from guidedec.grammar.params import GuidedDecodingParams
 
 REJECTED, TERMINATED, FILLED = 0, 1, 2
@@ -190,6 +190,10 @@ class GrammarMatcherFactory(ABC):
 
     config: GuidedDecodingConfig
     """The settings the factory was built from (backend, tokenizer, cache, limits)."""
+    isolation: CompileProbe | None = None
+    """Where each new guide is compiled first, apart from this process (a backend crash or
+    hang fails that guide alone; see :mod:`guidedec.grammar.isolation`); None: in this process
+    only. The factory owns it: :meth:`close` stops it."""
 
     @abstractmethod
     def compile(self, params: GuidedDecodingParams) -> CompiledGuide:
@@ -221,6 +225,11 @@ class GrammarMatcherFactory(ABC):
         past what the cache counts for it. Nothing to drop by default."""
         return
 
+    def close(self) -> None:
+        """Stop the compile isolation's workers, if the factory has them."""
+        if self.isolation is not None:
+            self.isolation.close()
+
 
 class WrappedFactory(GrammarMatcherFactory):
     """A factory that forwards every call to ``inner``: a base for one that observes its
@@ -229,6 +238,10 @@ class WrappedFactory(GrammarMatcherFactory):
     def __init__(self, inner: GrammarMatcherFactory) -> None:
         self.inner = inner
         self.config = inner.config
+        self.isolation = inner.isolation
+
+    def close(self) -> None:
+        self.inner.close()
 
     def compile(self, params: GuidedDecodingParams) -> CompiledGuide:
         return self.inner.compile(params)

@@ -300,8 +300,8 @@ class XGrammarMatcherFactory(GrammarMatcherFactory):
             loaded = disk.load(key, self._deserialize)
             if loaded is not None:
                 return loaded  # compiled (and probed) when it was stored
-        if self.config.isolation is not None:
-            self.config.isolation.probe(BACKEND, params, self.config)
+        if self.isolation is not None:
+            self.isolation.probe(BACKEND, params, self.config)
         start = time.perf_counter()
         try:
             with warnings.catch_warnings():

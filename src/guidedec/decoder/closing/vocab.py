@@ -26,7 +26,7 @@ OPENERS = frozenset("{[(<")
 JSON_STRUCTURE = frozenset('{}[],:"')
 
 
-def preference_order(texts: list[str], excluded: set[int]) -> npt.NDArray[np.int64]:
+def preference_order(texts: Sequence[str], excluded: set[int]) -> npt.NDArray[np.int64]:
     """Token ids in the order the search tries them (see the module docstring), with the number
     of leading *structural* ones (closers, balanced structure, separators) that the guide's
     words follow. Short printable ASCII tokens (at most ``MAX_CANDIDATE_CHARS`` characters)
@@ -128,7 +128,7 @@ what is open), openers (a value that must be an object or an array) and a digit 
 
 
 def _probe_singles(
-    texts: list[str], excluded: set[int]
+    texts: Sequence[str], excluded: set[int]
 ) -> tuple[npt.NDArray[np.int64], int, dict[int, int]]:
     """The one-character tokens of printable ASCII (no whitespace): those of ``PROBE_FIRST`` in
     its order, then the rest in code order; how many come first; and the closer of each
@@ -179,8 +179,7 @@ class ClosingVocab:
     @classmethod
     def _build(cls, tokenizer: TokenizerInfo) -> ClosingVocab:
         hf = tokenizer.hf_tokenizer
-        size = min(tokenizer.vocab_size, len(hf))
-        texts = hf.batch_decode([[i] for i in range(size)])
+        texts = tokenizer.token_texts()
         excluded = set(tokenizer.stop_token_ids) | set(hf.get_added_vocab().values())
         order = preference_order(texts, excluded)
         spaces = [t for t in order.tolist() if any(ch.isspace() for ch in texts[t])]

@@ -275,8 +275,7 @@ class BaseGuidedDecoder:
         return failures
 
     def fill_times(self) -> dict[int, float]:
-        """Seconds each request of the last build spent filling its rows, by request id, where
-        that build timed its fills (see :meth:`.fill_timing.FillTiming.fill_times`)."""
+        """Seconds per request id spent filling rows in the last build, if it timed them."""
         return self.timing.fill_times()
 
     def _close(self, requests: list[tuple[GuidedRequest, int]], failures: list[Failure]) -> None:
@@ -334,13 +333,10 @@ class BaseGuidedDecoder:
         self.closer.forget(seq_slot)
 
     def move_slot(self, source: int, target: int, *, swap: bool) -> None:
-        """The request at slot ``source`` now holds ``target``, with its grammar state and its
-        closing witness: the two slots trade (``swap``), or ``target`` takes ``source``'s and
-        ``source`` holds no request (whatever ``target`` held is dropped). For an engine whose
-        batch index is the slot (vLLM's persistent batch condenses and reorders it)."""
-        for slot in (source, target):
-            if not 0 <= slot < self.max_num_sequences:
-                raise ValueError(f"seq_slot {slot} out of range")
+        """The request at ``source`` moves to ``target`` with its grammar state and witness; the
+        slots trade (``swap``) or ``source`` is left empty (an engine whose slot is its index)."""
+        if not (0 <= source < self.max_num_sequences and 0 <= target < self.max_num_sequences):
+            raise ValueError(f"seq_slot {source} or {target} out of range")
         self.slots.move(source, target, swap=swap)
         self.closer.move(source, target, swap=swap)
 

@@ -155,8 +155,7 @@ class LLM(EngineCore):
             mask_time_limit_ms=mask_time_limit_ms,
             compile_cache_dir=None if compile_cache_dir is None else os.fspath(compile_cache_dir),
         )
-        isolation = _compile_isolation(isolate_compiles, compile_timeout_s)
-        with _starting(isolation, config):
+        with _starting(isolate_compiles, compile_timeout_s, config) as isolation:
             super().__init__(
                 loaded,
                 config,
@@ -311,14 +310,17 @@ def _compile_isolation(isolate: bool, timeout_s: float) -> CompileIsolation | No
 
 
 @contextlib.contextmanager
-def _starting(isolation: CompileIsolation | None, config: GuidedDecodingConfig) -> Iterator[None]:
-    """Start the compile workers (the first engine of a process: a fork server, seconds) while
-    the body builds the engine, and wait for them after it, so that no request's compile
-    timeout runs during their start."""
+def _starting(
+    isolate: bool, timeout_s: float, config: GuidedDecodingConfig
+) -> Iterator[CompileIsolation | None]:
+    """The engine's compile workers (see :func:`_compile_isolation`), started (the first engine
+    of a process: a fork server, seconds) while the body builds the engine and waited for after
+    it, so that no request's compile timeout runs during their start."""
+    isolation = _compile_isolation(isolate, timeout_s)
     thread = None
     if isolation is not None:
         thread = isolation.start_in_background(config)
-    yield
+    yield isolation
     if thread is not None:
         thread.join()
 

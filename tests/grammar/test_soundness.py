@@ -79,7 +79,7 @@ def generate(
         max_num_sequences=BATCH_SIZE,
     )
     # The backend's masks alone: the decoder's restriction of xgrammar's first rows to a
-    # schema's root types is tested in tests/decoder/test_root_types.py.
+    # schema's root types is tested in tests/grammar/test_root_types.py.
     decoder.rules.root_types = False
     outputs: list[GeneratedOutput] = []
     for n, batch in enumerate(batches(cases, BATCH_SIZE)):

@@ -4,7 +4,7 @@ Two rules restrict rows beyond the grammar:
 
 - **root types** (:class:`RootTypeRule`): under a JSON schema that xgrammar approximates, the
   rows before the output's first character that is not whitespace forbid the tokens that start
-  a value of a type the schema excludes (see :mod:`guidedec.decoder.root_types`);
+  a value of a type the schema excludes (see :mod:`guidedec.grammar.root_types`);
 - **digit runs** (:class:`DigitRunRule`): under a JSON guide with budget-aware closing, once the
   output ends with ``MAX_DIGIT_RUN`` ASCII digits, a row forbids all-digit tokens where it
   allows anything else: a number that long has no meaning (float64 keeps 17 significant
@@ -30,9 +30,9 @@ import numpy as np
 import numpy.typing as npt
 
 from guidedec.decoder.closing import DigitTokens
-from guidedec.decoder.root_types import RootTypes
 from guidedec.grammar.matcher import GrammarMatcher
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
+from guidedec.grammar.root_types import RootTypes
 from guidedec.grammar.ruled import RowRule, RuledMatcher
 from guidedec.tokenizer import TokenizerInfo
 

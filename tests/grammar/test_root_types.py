@@ -18,9 +18,9 @@ from conftest import data_path
 from datasets import read_jsonl
 from guidedec import GuidedDecodingParams, TokenizerInfo
 from guidedec.decoder.request import GuidedRequest
-from guidedec.decoder.root_types import KINDS, RootTypes, root_types
 from guidedec.decoder.row_rules import RootTypeRule, RowRules, RuleStats
 from guidedec.grammar.matcher import GrammarMatcherFactory
+from guidedec.grammar.root_types import KINDS, RootTypes, root_types
 from guidedec.grammar.ruled import RuledMatcher
 from guidedec.testing import EngineChecks, make_decoder, uniform_guided_generate
 

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from guidedec.bitmask.layout import BITS_PER_WORD
 from guidedec.grammar.auto_policy import XGRAMMAR
 from guidedec.grammar.params import GuidedDecodingParams, GuideType
 from guidedec.grammar.schema_walk import json_type
@@ -40,6 +39,9 @@ FIRST_CHARS = {
     "null": "n",
 }
 """The characters a JSON value of each type starts with."""
+_BITS_PER_WORD = 32
+"""Tokens per int32 word of a bitmask row (the layout :mod:`guidedec.bitmask.layout` documents,
+which the grammar layer writes without importing)."""
 KINDS = ("object", "array", "string", "number", "boolean", "null")
 MAX_DEPTH = 16
 GUIDES_KEPT = 256
@@ -102,11 +104,11 @@ class FirstCharRows:
     @classmethod
     def _build(cls, tokenizer: TokenizerInfo, texts: tuple[str, ...]) -> FirstCharRows:
         firsts = [text.lstrip()[:1] for text in texts]
-        words = -(-tokenizer.vocab_size // BITS_PER_WORD)
+        words = -(-tokenizer.vocab_size // _BITS_PER_WORD)
         rows = {}
         for kind in KINDS:
             chars = FIRST_CHARS[kind]
-            bits = np.zeros(words * BITS_PER_WORD, dtype=np.bool_)
+            bits = np.zeros(words * _BITS_PER_WORD, dtype=np.bool_)
             bits[: len(firsts)] = [bool(first) and first in chars for first in firsts]
             rows[kind] = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
         return cls(rows)

@@ -42,15 +42,18 @@ thinking budget raises masked logits of the returned tensor). A request that is 
 comes back as added, with the tokens it has: its new matcher is fed all of them.
 
 **Bad guides.** :meth:`GuidedLogitsProcessor.validate_params`, which vLLM runs on every request
-before it queues it, compiles the guide (with guidedec's bundled tokenizer: a guide's syntax
-does not depend on the model's) and raises ``ValueError`` naming the problem, which vLLM's
-server answers with HTTP 400. Whatever fails later for one request (its guide for the model's
-own tokenizer, a token its matcher refuses, any backend call while its tokens are fed, its row
-filled or closed, a filled row that allows no token: a dead end, masks slower than
-``mask_time_limit_ms`` three times in a row) leaves that request only its stop tokens: it ends
-at its next token, the failure is logged with its batch index, and vLLM serves the rest of the
-batch. Nothing a request's guide does reaches vLLM's engine. ``"mask_time_limit_ms"`` (20 by
-default, as in guidedec's engine; ``None``: no limit) is an engine option.
+before it queues it, compiles the guide for a byte-level tokenizer (milliseconds, where the
+model's 50k to 150k tokens take hundreds; a guide's syntax does not depend on the model's
+tokenizer), confirmed for guidedec's bundled tokenizer where that fails
+(:func:`~guidedec.integrations.vllm_options.check_syntax`), and raises ``ValueError`` naming
+the problem, which vLLM's server answers with HTTP 400. Whatever fails later for one request
+(its guide for the model's own tokenizer, a token its matcher refuses, any backend call while
+its tokens are fed, its row filled or closed, a filled row that allows no token: a dead end,
+masks slower than ``mask_time_limit_ms`` three times in a row) leaves that request only its
+stop tokens: it ends at its next token, the failure is logged with its batch index, and vLLM
+serves the rest of the batch. Nothing a request's guide does reaches vLLM's engine.
+``"mask_time_limit_ms"`` (20 by default, as in guidedec's engine; ``None``: no limit) is an
+engine option.
 
 **Row rules.** Each matcher carries its request's row rules (:mod:`guidedec.decoder.row_rules`),
 as in guidedec's engine: the root-type repair of xgrammar's JSON schemas, and with closing the
@@ -91,9 +94,9 @@ from guidedec.grammar.params import GuidedDecodingParams
 from guidedec.integrations.vllm_options import (
     ENGINE_OPTIONS,
     EXTRA_KEY,
+    check_syntax,
     guide_of,
     request_options,
-    syntax_factory,
 )
 from guidedec.tokenizer import TokenizerInfo
 
@@ -156,7 +159,7 @@ class GuidedLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vLLM is o
         if guide is None:
             return
         try:
-            syntax_factory().compile(guide)
+            check_syntax(guide)
         except (GuidedecError, ValueError) as exc:
             raise ValueError(f"invalid guide in extra_args[{EXTRA_KEY!r}]: {exc}") from None
 

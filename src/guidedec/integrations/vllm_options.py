@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
+from guidedec.errors import GuidedecError
 from guidedec.grammar.config import GuidedDecodingConfig
 from guidedec.grammar.factory import create_grammar_matcher_factory
 from guidedec.grammar.matcher import GrammarMatcherFactory
@@ -58,12 +59,29 @@ def request_options(params: Any) -> tuple[GuidedDecodingParams | None, bool]:
         raise ValueError(f"extra_args[{EXTRA_KEY!r}]: {exc}") from None
 
 
+def check_syntax(guide: GuidedDecodingParams) -> None:
+    """Compile ``guide`` as vLLM validates its request, where the model's tokenizer is not
+    known: for a byte-level tokenizer (:meth:`TokenizerInfo.byte_level`, milliseconds), and
+    where that fails, for the bundled 129k-token one (a guide may name tokens that only a real
+    vocabulary has), so that a guide is refused only where the bundled tokenizer refuses it.
+
+    Raises:
+        GuidedecError: no backend compiles it (the message names the problem).
+        ValueError: the guide is malformed.
+    """
+    try:
+        syntax_factory(bytes_only=True).compile(guide)
+    except (GuidedecError, ValueError):
+        syntax_factory(bytes_only=False).compile(guide)
+
+
 @cache
-def syntax_factory() -> GrammarMatcherFactory:
-    """The factory that checks a guide's syntax when vLLM validates a request (on the bundled
-    tokenizer: the model's is not known there)."""
+def syntax_factory(*, bytes_only: bool = False) -> GrammarMatcherFactory:
+    """The factory that checks a guide's syntax when vLLM validates a request (see
+    :func:`check_syntax`): on the byte-level tokenizer, or on the bundled one."""
+    tokenizer = TokenizerInfo.byte_level() if bytes_only else TokenizerInfo.default()
     return create_grammar_matcher_factory(
-        GuidedDecodingConfig(tokenizer=TokenizerInfo.default(), json_whitespace="compact")
+        GuidedDecodingConfig(tokenizer=tokenizer, json_whitespace="compact")
     )
 
 

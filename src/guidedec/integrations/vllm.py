@@ -121,31 +121,22 @@ class _Row:
         left = None if self.budget is None else self.budget - len(self.output)
         new = self.output[self.fed :]
         self.fed = len(self.output)
-        if not self.started:
-            self.started = True
-            if not new:
-                return GuidedRequest.context(
-                    self.guide, request_id=index, seq_slot=index, tokens_left=left
-                )
-            return GuidedRequest.generation(  # added again with the tokens it had
-                self.guide,
-                request_id=index,
-                seq_slot=index,
-                new_token=new[-1],
-                prior_tokens=new[:-1],
-                is_generation_only_first_iteration=True,
-                tokens_left=left,
+        first, self.started = not self.started, True
+        if first and not new:
+            return GuidedRequest.context(
+                self.guide, request_id=index, seq_slot=index, tokens_left=left
             )
         if not new:
             return GuidedRequest.unchanged(
                 self.guide, request_id=index, seq_slot=index, tokens_left=left
             )
-        return GuidedRequest.generation(
+        return GuidedRequest.generation(  # first: added again with the tokens it had
             self.guide,
             request_id=index,
             seq_slot=index,
             new_token=new[-1],
             prior_tokens=new[:-1],
+            is_generation_only_first_iteration=first,
             tokens_left=left,
         )
 
